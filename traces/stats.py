@@ -1,0 +1,168 @@
+"""Trace statistics and the ideal prefix-cache hit of every request.
+
+Ideal hit of a request: the longest leading run of its blocks already seen earlier in
+its namespace, in tokens, capped at its input length. The namespace is the session tree
+for ``hash_id_scope: "local"`` and the whole trace for ``"global"``; "earlier" follows
+the trace's own order (``Session.ordered_requests``), so the figure is a property of
+the trace, not of one run's timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from traces.model import Request, Session, Trace
+
+RequestKey = tuple[str, int]  # (session_id, request_index)
+
+
+def _leading_seen_blocks(
+    ids: list[npt.NDArray[np.int64]],
+) -> npt.NDArray[np.int64]:
+    """For requests in order, how many leading blocks each had seen before it."""
+    n = len(ids)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    lengths = np.fromiter((a.size for a in ids), dtype=np.int64, count=n)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(n, dtype=np.int64)
+    flat = np.concatenate(ids)
+    owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    # First request in which each id appears: a block is seen before request r iff
+    # it first appeared in a request < r.
+    _, inverse = np.unique(flat, return_inverse=True)
+    first_owner = np.full(int(inverse.max()) + 1, n, dtype=np.int64)
+    np.minimum.at(first_owner, inverse, owner)
+    seen = first_owner[inverse] < owner
+    starts = np.zeros(n, dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    pos = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+    miss_pos = np.where(seen, np.iinfo(np.int64).max, pos)
+    out = lengths.copy()  # no miss: every block hit
+    nonempty = lengths > 0
+    first_miss = np.minimum.reduceat(miss_pos, starts[nonempty])
+    out[nonempty] = np.minimum(first_miss, lengths[nonempty])
+    return out
+
+
+def _namespaces(trace: Trace) -> Iterable[list[tuple[Session, int, Request]]]:
+    global_ns: list[tuple[Session, int, Request]] = []
+    for root in trace.sessions:
+        ordered = list(root.ordered_requests())
+        if root.hash_id_scope == "global":
+            global_ns.extend(ordered)
+        else:
+            yield ordered
+    if global_ns:
+        yield global_ns
+
+
+def ideal_cached_tokens(trace: Trace) -> dict[RequestKey, int]:
+    """Ideal (infinite prefix cache) hit in tokens of every request of ``trace``."""
+    out: dict[RequestKey, int] = {}
+    for ns in _namespaces(trace):
+        blocks = _leading_seen_blocks([r.hash_ids for _, _, r in ns])
+        for (s, i, r), b in zip(ns, blocks.tolist(), strict=True):
+            out[(s.session_id, i)] = min(b * s.block_size, r.input_tokens)
+    return out
+
+
+def ideal_hit_totals(trace: Trace) -> tuple[int, int]:
+    """(Σ ideal hit tokens, Σ input tokens) over all requests."""
+    hits = ideal_cached_tokens(trace)
+    total_in = sum(r.input_tokens for _, _, r in _all_requests(trace))
+    return sum(hits.values()), total_in
+
+
+def _all_requests(trace: Trace) -> Iterable[tuple[Session, int, Request]]:
+    for root in trace.sessions:
+        yield from root.ordered_requests()
+
+
+def _summary(values: npt.NDArray[Any]) -> dict[str, float]:
+    if values.size == 0:
+        nan = float("nan")
+        return {"mean": nan, "p50": nan, "p90": nan, "p99": nan, "max": nan}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99], method="linear")
+    return {
+        "mean": float(values.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(values.max()),
+    }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceStats:
+    """Summary statistics of a trace (all requests, subagents included)."""
+
+    sessions: int  # root sessions (session trees)
+    requests: int
+    sessions_with_subagents: int
+    subagent_sessions: int
+    input_tokens: dict[str, float]
+    output_tokens: dict[str, float]
+    requests_per_session: dict[str, float]  # per tree, subagents included
+    think_time_s: dict[str, float]  # gaps before each request after the first
+    total_input_tokens: int
+    total_output_tokens: int
+    ideal_cache_hit_rate: float
+    block_sizes: list[int]
+    hash_id_scopes: list[str]
+    source_format: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form; the keys are the `trace stats --json` contract."""
+        return {
+            "sessions": self.sessions,
+            "requests": self.requests,
+            "sessions_with_subagents": self.sessions_with_subagents,
+            "subagent_sessions": self.subagent_sessions,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "requests_per_session": self.requests_per_session,
+            "think_time_s": self.think_time_s,
+            "total_input_tokens": self.total_input_tokens,
+            "total_output_tokens": self.total_output_tokens,
+            "ideal_cache_hit_rate": self.ideal_cache_hit_rate,
+            "block_sizes": self.block_sizes,
+            "hash_id_scopes": self.hash_id_scopes,
+            "source_format": self.source_format,
+        }
+
+
+def trace_stats(trace: Trace) -> TraceStats:
+    """Compute :class:`TraceStats` for ``trace``."""
+    reqs = [r for _, _, r in _all_requests(trace)]
+    ins = np.fromiter((r.input_tokens for r in reqs), dtype=np.int64, count=len(reqs))
+    outs = np.fromiter((r.output_tokens for r in reqs), dtype=np.int64, count=len(reqs))
+    thinks = np.array(
+        [r.think_time_s for s, _ in trace.all_sessions() for r in s.requests[1:]],
+        dtype=np.float64,
+    )
+    per_tree = np.array([s.request_count() for s in trace.sessions], dtype=np.int64)
+    hits, total_in = ideal_hit_totals(trace)
+    sessions = list(trace.all_sessions())
+    return TraceStats(
+        sessions=len(trace.sessions),
+        requests=len(reqs),
+        sessions_with_subagents=sum(1 for s in trace.sessions if s.subagents),
+        subagent_sessions=sum(1 for _, depth in sessions if depth > 0),
+        input_tokens=_summary(ins),
+        output_tokens=_summary(outs),
+        requests_per_session=_summary(per_tree),
+        think_time_s=_summary(thinks),
+        total_input_tokens=int(ins.sum()),
+        total_output_tokens=int(outs.sum()),
+        ideal_cache_hit_rate=hits / total_in if total_in else float("nan"),
+        block_sizes=sorted({s.block_size for s, _ in sessions}),
+        hash_id_scopes=sorted({s.hash_id_scope for s, _ in sessions}),
+        source_format=trace.source_format,
+    )
