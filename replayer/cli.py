@@ -156,12 +156,22 @@ def trace_convert_cmd(path: Path, out: Path) -> None:
 
 
 def _register_subcommands() -> None:
-    from replayer.sim.cli import sim
+    # Each of these modules defines click commands with lazy heavy imports.
+    import importlib
 
-    main.add_command(sim)
+    for module, names in (
+        ("replayer.sim.cli", ("sim",)),
+        ("replayer.cli_generate", ("generate",)),
+        ("replayer.cli_analysis", ("analyze", "compare", "report")),
+    ):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:  # TODO(founding-eng): drop once all land
+            if exc.name != module:
+                raise
+            continue
+        for name in names:
+            main.add_command(getattr(mod, name))
 
 
-try:
-    _register_subcommands()
-except ImportError:  # the simulator package is optional while it is being built
-    pass
+_register_subcommands()
