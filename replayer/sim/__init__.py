@@ -1,0 +1,25 @@
+"""The built-in simulated endpoint (`replayer sim`): an OpenAI-compatible server that
+behaves like a continuous-batching engine with a block prefix cache. A simulator, not
+a model: it generates placeholder words.
+
+Import-light: ``make_app`` and ``serve`` (which need aiohttp) load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from replayer.sim.config import SimConfig
+
+if TYPE_CHECKING:
+    from replayer.sim.server import make_app, serve
+
+__all__ = ["SimConfig", "make_app", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("make_app", "serve"):
+        from replayer.sim import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,155 @@
+"""The simulator's counters and histograms, and their Prometheus text rendering.
+
+Names and units follow vLLM (``vllm:`` prefix, token counters, seconds histograms), so
+a scraper written for vLLM reads the simulator unchanged. Rendered by hand in text
+format 0.0.4; no prometheus_client at run time.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+# vLLM's bucket boundaries, seconds.
+TTFT_BUCKETS_S = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+E2E_BUCKETS_S = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+TPOT_BUCKETS_S = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+    5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Cumulative-on-render histogram; ``counts[i]`` = observations in bucket i only."""
+
+    buckets: tuple[float, ...]
+    counts: list[int] = field(init=False)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.buckets) + 1)  # last one: +Inf
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.count += 1
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Everything /metrics exposes; counters in tokens or requests, as vLLM counts."""
+
+    prefix_cache_queries_tokens: int = 0
+    prefix_cache_hits_tokens: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_success: int = 0
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    ttft_s: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
+    e2e_s: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS_S))
+    tpot_s: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS_S))
+
+
+def render_metrics(stats: EngineStats, model: str) -> str:
+    """Prometheus text exposition (format 0.0.4) of ``stats``."""
+    label = f'model_name="{_escape(model)}"'
+    out: list[str] = []
+
+    def scalar(name: str, kind: str, help: str, value: float) -> None:
+        out.append(f"# HELP {name} {help}")
+        out.append(f"# TYPE {name} {kind}")
+        out.append(f"{name}{{{label}}} {_number(value)}")
+
+    scalar(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        stats.running,
+    )
+    scalar(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        stats.waiting,
+    )
+    scalar(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        stats.kv_cache_usage,
+    )
+    scalar(
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        stats.prefix_cache_queries_tokens,
+    )
+    scalar(
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        stats.prefix_cache_hits_tokens,
+    )
+    scalar(
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Number of prefill tokens processed.",
+        stats.prompt_tokens,
+    )
+    scalar(
+        "vllm:generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+        stats.generation_tokens,
+    )
+    scalar(
+        "vllm:request_success_total",
+        "counter",
+        "Count of successfully processed requests.",
+        stats.requests_success,
+    )
+    for name, help, hist in (
+        (
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            stats.ttft_s,
+        ),
+        (
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            stats.e2e_s,
+        ),
+        (
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            stats.tpot_s,
+        ),
+    ):
+        out.append(f"# HELP {name} {help}")
+        out.append(f"# TYPE {name} histogram")
+        cumulative = 0
+        for bound, n in zip((*hist.buckets, float("inf")), hist.counts, strict=True):
+            cumulative += n
+            le = "+Inf" if bound == float("inf") else _number(bound)
+            out.append(f'{name}_bucket{{{label},le="{le}"}} {cumulative}')
+        out.append(f"{name}_sum{{{label}}} {_number(hist.total)}")
+        out.append(f"{name}_count{{{label}}} {hist.count}")
+    return "\n".join(out) + "\n"
+
+
+def _number(value: float) -> str:
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,296 @@
+"""The simulator's HTTP face: OpenAI routes, SSE streaming, faults, /metrics, serve().
+
+Handlers parse, roll the request's seeded dice (output length, faults), submit to the
+one :class:`~replayer.sim.engine.Engine` and stream what it produces. The engine loop is
+owned by the application's cleanup context, so it lives exactly as long as the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from replayer.sim.config import SimConfig
+from replayer.sim.engine import Engine, EngineStopped, Sequence
+from replayer.sim.metrics import render_metrics
+from replayer.sim.protocol import (
+    DONE,
+    ApiError,
+    ChunkEncoder,
+    GenerateRequest,
+    Kind,
+    error_body,
+    parse_request,
+    usage_body,
+    word_table,
+)
+
+OWNED_BY = "replayer-sim"
+_THREAD_PARSE_BYTES = 256 * 1024  # text tokenization of bigger bodies leaves the loop
+
+
+@dataclass(frozen=True, slots=True)
+class _Dice:
+    """What the seeded RNG decided for one request."""
+
+    output_tokens: int
+    fail: bool
+    disconnect_after: int | None  # content tokens sent before the connection drops
+    stall_after: int | None  # content tokens sent before the stream pauses
+    word_offset: int
+
+
+class _Sim:
+    """Per-application state: config, engine, RNG and the wall-clock anchor."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.engine = Engine(config)
+        self.rng = random.Random(config.seed)
+        self.requests = 0
+        # One wall-clock anchor; `created` fields are offsets from it on the one clock.
+        self._wall_anchor_s = time.time()
+        self._perf_anchor_s = time.perf_counter()
+
+    def created(self) -> int:
+        return int(self._wall_anchor_s + time.perf_counter() - self._perf_anchor_s)
+
+    def roll(self, req: GenerateRequest) -> _Dice:
+        cfg, rng = self.config, self.rng
+        # Always draw the same values in the same order, so a seed fixes every
+        # request's fate regardless of which options the requests carry.
+        fail = rng.random() < cfg.fail_rate
+        disconnect = rng.random() < cfg.disconnect_rate
+        stall = rng.random() < cfg.stall_rate
+        natural = 1 + int(rng.expovariate(1.0 / cfg.mean_output_tokens))
+        u_disconnect, u_stall = rng.random(), rng.random()
+        word_offset = rng.randrange(len(word_table()))
+        if req.ignore_eos:
+            n = req.max_tokens
+        else:
+            n = min(req.max_tokens, max(req.min_tokens, natural))
+        return _Dice(
+            output_tokens=n,
+            fail=fail,
+            disconnect_after=1 + int(u_disconnect * max(1, n - 1))
+            if disconnect
+            else None,
+            stall_after=1 + int(u_stall * n) if stall else None,
+            word_offset=word_offset,
+        )
+
+
+SIM_KEY = web.AppKey("replayer_sim", _Sim)
+
+
+def make_app(config: SimConfig) -> web.Application:
+    """The simulator as an aiohttp application; its engine runs while the app does."""
+    app = web.Application(middlewares=[_json_errors], client_max_size=1 << 30)
+    app[SIM_KEY] = _Sim(config)
+    app.cleanup_ctx.append(_engine_loop)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    config: SimConfig, host: str = "127.0.0.1", port: int = 0
+) -> AsyncIterator[str]:
+    """Serve the simulator on ``host:port`` (0 = a free port); yields the base URL.
+
+    async with serve(SimConfig.fast()) as url:  # "http://127.0.0.1:54321"
+        ...
+    """
+    runner = web.AppRunner(make_app(config), access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound_port = runner.addresses[0][1]
+        shown = f"[{host}]" if ":" in host else host
+        yield f"http://{shown}:{bound_port}"
+    finally:
+        await runner.cleanup()
+
+
+async def _engine_loop(app: web.Application) -> AsyncIterator[None]:
+    # The task belongs to this context: created on startup, cancelled and awaited on
+    # cleanup, so a crash of the loop surfaces when the app stops.
+    task = asyncio.create_task(app[SIM_KEY].engine.run(), name="replayer-sim-engine")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+@web.middleware
+async def _json_errors(
+    request: web.Request,
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, exc.reason)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.Response(
+        status=status, body=error_body(status, message), content_type="application/json"
+    )
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response()
+
+
+async def _models(request: web.Request) -> web.Response:
+    sim = request.app[SIM_KEY]
+    model = {
+        "id": sim.config.model,
+        "object": "model",
+        "created": sim.created(),
+        "owned_by": OWNED_BY,
+        "root": sim.config.model,
+        "parent": None,
+        "max_model_len": sim.config.max_model_len,
+    }
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    sim = request.app[SIM_KEY]
+    text = render_metrics(sim.engine.stats, sim.config.model)
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completions")
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
+    sim = request.app[SIM_KEY]
+    body = await request.read()
+    try:
+        if len(body) > _THREAD_PARSE_BYTES:
+            req = await asyncio.to_thread(parse_request, body, kind, sim.config)
+        else:
+            req = parse_request(body, kind, sim.config)
+    except ApiError as exc:
+        return _error(exc.status, exc.message)
+    dice = sim.roll(req)
+    if dice.fail:
+        return _error(500, "simulated server error (replayer sim --fail-rate)")
+    sim.requests += 1
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    encoder = ChunkEncoder(
+        kind, f"{prefix}-sim-{sim.requests:x}", req.model, sim.created()
+    )
+    seq = sim.engine.submit(req.prompt_ids, dice.output_tokens)
+    try:
+        if req.stream:
+            return await _stream(request, req, dice, seq, encoder, sim.config.stall_s)
+        return await _respond(request, req, dice, seq, encoder, sim.config.stall_s)
+    except EngineStopped as exc:
+        return _error(500, str(exc))
+    finally:
+        sim.engine.abort(seq)  # no-op unless the client left or a fault dropped it
+
+
+def _finish_reason(req_max_tokens: int, dice: _Dice) -> str:
+    return "length" if dice.output_tokens >= req_max_tokens else "stop"
+
+
+def _usage(seq: Sequence) -> dict[str, object]:
+    return usage_body(seq.prompt_tokens, seq.generated, seq.cached_tokens)
+
+
+async def _respond(
+    request: web.Request,
+    req: GenerateRequest,
+    dice: _Dice,
+    seq: Sequence,
+    encoder: ChunkEncoder,
+    stall_s: float,
+) -> web.StreamResponse:
+    n = dice.output_tokens
+    while seq.generated < n:
+        await seq.wait_tokens(seq.generated)
+    if dice.disconnect_after is not None:
+        _drop(request)
+        return web.Response()
+    if dice.stall_after is not None:
+        await asyncio.sleep(stall_s)
+    words = word_table()
+    text = b" ".join(words[(dice.word_offset + i) % len(words)] for i in range(n))
+    reason = _finish_reason(req.max_tokens, dice)
+    body = encoder.full_response(text.decode(), reason, _usage(seq))
+    return web.Response(body=body, content_type="application/json")
+
+
+async def _stream(
+    request: web.Request,
+    req: GenerateRequest,
+    dice: _Dice,
+    seq: Sequence,
+    encoder: ChunkEncoder,
+    stall_s: float,
+) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    n = dice.output_tokens
+    reason = _finish_reason(req.max_tokens, dice)
+    words = word_table()
+    stall_after = dice.stall_after
+    sent = 0
+    try:
+        while sent < n:
+            have = await seq.wait_tokens(sent)
+            upto = min(have, dice.disconnect_after or n, stall_after or n)
+            parts = [encoder.role_chunk()] if sent == 0 and req.kind == "chat" else []
+            for i in range(sent, upto):
+                word = words[(dice.word_offset + i) % len(words)]
+                text = word if i == 0 else b" " + word
+                parts.append(
+                    encoder.content_chunk(text, reason if i == n - 1 else None)
+                )
+            if parts:
+                await resp.write(b"".join(parts))
+            sent = upto
+            if sent == dice.disconnect_after:
+                _drop(request)
+                return resp
+            if sent == stall_after:
+                stall_after = None
+                await asyncio.sleep(stall_s)
+        tail = encoder.usage_chunk(_usage(seq)) if req.include_usage else b""
+        await resp.write(tail + DONE)
+        await resp.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away; the caller aborts the sequence
+    return resp
+
+
+def _drop(request: web.Request) -> None:
+    # Closing the transport mid-body leaves the client with an incomplete chunked
+    # response and no [DONE], which is what a crashed or killed server looks like.
+    if request.transport is not None:
+        request.transport.close()
