@@ -111,7 +111,14 @@ async def serve(
     async with serve(SimConfig.fast()) as url:  # "http://127.0.0.1:54321"
         ...
     """
-    runner = web.AppRunner(make_app(config), access_log=None, shutdown_timeout=1.0)
+    # handler_cancellation: a client that leaves while its request waits or prefills
+    # cancels the handler, which aborts the sequence, as vLLM aborts on disconnect.
+    runner = web.AppRunner(
+        make_app(config),
+        access_log=None,
+        shutdown_timeout=1.0,
+        handler_cancellation=True,
+    )
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -4,6 +4,10 @@ shapes, errors and /metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+
+import aiohttp
+import pytest
 
 from replayer.sim import SimConfig, make_app
 from traces.textrule import chat_to_token_ids, text_for_tokens, text_to_token_ids
@@ -251,3 +255,27 @@ async def test_server_large_text_prompt_is_tokenized_off_loop(start_sim) -> None
             [{"role": "user", "content": text_for_tokens(ids)}], max_tokens=2
         )
     assert result.usage["prompt_tokens"] == 60_001
+
+
+async def test_server_client_leaving_during_prefill_aborts_it(start_sim) -> None:
+    config = SimConfig.fast(prefill_us_per_token=1000.0, max_num_batched_tokens=64)
+    async with start_sim(config) as sim:
+        body = {"model": "sim", "prompt": list(range(1000, 3000)), "stream": False}
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await sim.session.post(sim.url + "/v1/completions", json=body)
+        for _ in range(100):
+            after = await sim.metrics()
+            if after["vllm:num_requests_running"] == 0:
+                break
+            await asyncio.sleep(0.02)
+    assert after["vllm:num_requests_running"] == 0  # not the full 2 s of prefill
+    assert after["vllm:request_success_total"] == 0
+
+
+async def test_server_disconnect_fault_without_streaming(start_sim) -> None:
+    async with start_sim(disconnect_rate=1.0) as sim:
+        with pytest.raises(aiohttp.ClientError):
+            await sim.completion([1, 2, 3], stream=False, max_tokens=4)
+        samples = await sim.metrics()
+    assert samples["vllm:num_requests_running"] == 0
