@@ -45,9 +45,7 @@ def trace_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     files = sorted(
-        p
-        for p in path.iterdir()
-        if p.is_file() and p.name.endswith(_TRACE_SUFFIXES)
+        p for p in path.iterdir() if p.is_file() and p.name.endswith(_TRACE_SUFFIXES)
     )
     if not files:
         raise TraceError(
@@ -70,10 +68,11 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
     if not stripped:
         problems.append(Problem(path=path, reason="empty file"))
         return [], "weka"
+    whole_error: orjson.JSONDecodeError | None = None
     try:
         whole = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        whole = _NOT_ONE_DOCUMENT
+    except orjson.JSONDecodeError as exc:
+        whole, whole_error = _NOT_ONE_DOCUMENT, exc
     if isinstance(whole, dict) and not looks_like_mooncake(whole):
         # One session per file (the Weka corpus layout), pretty-printed or not.
         session, probs = parse_session(
@@ -86,8 +85,11 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
     first_line = stripped.split(b"\n", 1)[0]
     try:
         first = orjson.loads(first_line)
-    except orjson.JSONDecodeError as exc:
-        problems.append(_json_error(path, _first_line_no(data), exc))
+    except orjson.JSONDecodeError as line_error:
+        # Not JSONL either: one (pretty-printed) document, whose own error has the
+        # line that is really wrong.
+        exc = whole_error or line_error
+        problems.append(_json_error(path, exc.lineno, exc))
         return [], "native"
     if looks_like_mooncake(first):
         return _parse_mooncake(path, data, problems), "mooncake"
@@ -105,12 +107,6 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
         if session is not None:
             sessions.append(session)
     return sessions, "native"
-
-
-def _first_line_no(data: bytes) -> int:
-    for lineno, _ in _lines(data):
-        return lineno
-    return 1
 
 
 def _parse_session_list(
@@ -161,26 +157,33 @@ def check_trace(path: Path) -> tuple[Trace | None, list[Problem]]:
     # them would cost more than the parse itself.
     gc_was_enabled = gc.isenabled()
     gc.disable()
+    seen: dict[str, Path] = {}
     try:
         for f in files:
-            got, fmt = _parse_file(f, problems)
+            try:
+                got, fmt = _parse_file(f, problems)
+            except TraceError as exc:  # unreadable, bad gzip, not a trace store
+                problems.append(Problem(path=f, reason=str(exc).removeprefix(f"{f}: ")))
+                continue
             sessions.extend(got)
             formats.add(fmt)
+            for s in got:
+                if s.session_id in seen:
+                    first = seen[s.session_id]
+                    problems.append(
+                        Problem(
+                            path=f,
+                            session_id=s.session_id,
+                            field="id",
+                            reason="duplicate session id"
+                            + ("" if first == f else f" (first in {first})"),
+                        )
+                    )
+                else:
+                    seen[s.session_id] = f
     finally:
         if gc_was_enabled:
             gc.enable()
-    seen: dict[str, Path] = {}
-    for s in sessions:
-        if s.session_id in seen:
-            problems.append(
-                Problem(
-                    path=path,
-                    session_id=s.session_id,
-                    field="id",
-                    reason="duplicate session id",
-                )
-            )
-        seen[s.session_id] = path
     if problems:
         return None, problems
     if not sessions:
@@ -198,7 +201,8 @@ def read_trace(path: Path | str) -> Trace:
 
 
 def write_trace(trace: Trace, out: Path | str) -> Path:
-    """Write ``trace`` as native JSONL (``.jsonl``, ``.jsonl.gz``) or a Parquet store."""
+    """Write ``trace`` as native JSONL (``.jsonl``, ``.jsonl.gz``) or a Parquet store
+    (``.parquet``)."""
     out = Path(out)
     name = out.name
     if name.endswith(".parquet"):

@@ -48,7 +48,8 @@ class Request:
     stop: str | None = None
     input_types: tuple[str, ...] = ()
     output_types: tuple[str, ...] = ()
-    extra: Mapping[str, Any] = field(default_factory=dict)  # unknown fields, kept verbatim
+    # Unknown fields, kept verbatim.
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hash_ids", _frozen_ids(self.hash_ids))
@@ -106,7 +107,8 @@ class Session:
     requests: tuple[Request, ...]
     subagents: tuple[Subagent, ...] = ()
     block_size: int = 64  # tokens per hash block
-    hash_id_scope: Scope = "local"  # "global": ids shared across all sessions of a trace
+    # "global": hash ids shared across all sessions of a trace.
+    hash_id_scope: Scope = "local"
     start_s: float | None = None  # arrival in the trace's timeline (None: no timeline)
     models: tuple[str, ...] = ()
     tool_tokens: int | None = None  # tokens of tool definitions in the prompt prefix

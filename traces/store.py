@@ -1,6 +1,7 @@
 """The Parquet trace store: one row per request, hash ids run-length encoded (runs of
-consecutive ids, the common case: a 4.6M-block sample is ~9K runs), the session tree (ids, spawn/join points, per-session fields) as JSON in the
-file's key-value metadata. Reloads many times faster than JSON, losslessly.
+consecutive ids, the common case: a 4.6M-block sample is ~9K runs), the session tree
+(ids, spawn/join points, per-session fields) as JSON in the file's key-value metadata.
+Reloads many times faster than JSON, losslessly.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def _join_types(types: tuple[str, ...]) -> str | None:
     return _SEP.join(types) if types else None
 
 
-def _session_meta(session: Session, parent: int, spawn: Subagent | None) -> dict[str, Any]:
+def _session_meta(
+    session: Session, parent: int, spawn: Subagent | None
+) -> dict[str, Any]:
     d: dict[str, Any] = {
         "id": session.session_id,
         "parent": parent,
@@ -109,9 +112,13 @@ def write_store(trace: Trace, out: Path) -> None:
             cols["stop"].append(r.stop)
             cols["input_types"].append(_join_types(r.input_types))
             cols["output_types"].append(_join_types(r.output_types))
-            cols["extra"].append(orjson.dumps(dict(r.extra)).decode() if r.extra else None)
+            cols["extra"].append(
+                orjson.dumps(dict(r.extra)).decode() if r.extra else None
+            )
             id_arrays.append(r.hash_ids)
-    lengths = np.fromiter((a.size for a in id_arrays), dtype=np.int64, count=len(id_arrays))
+    lengths = np.fromiter(
+        (a.size for a in id_arrays), dtype=np.int64, count=len(id_arrays)
+    )
     values = np.concatenate(id_arrays) if id_arrays else np.zeros(0, dtype=np.int64)
     arrays = [pa.array(cols[name], type=_SCHEMA.field(name).type) for name in cols]
     arrays.append(pa.array(lengths))
@@ -190,7 +197,9 @@ def read_store(path: Path) -> Trace:
         raise TraceError(f"{path}: a Parquet file, but not a trace store (no metadata)")
     meta = orjson.loads(raw)
     if meta.get("format") != STORE_FORMAT:
-        raise TraceError(f"{path}: unsupported trace store format {meta.get('format')!r}")
+        raise TraceError(
+            f"{path}: unsupported trace store format {meta.get('format')!r}"
+        )
     values, offsets = _decode_runs(table)
     n = table.num_rows
     num = {
@@ -236,7 +245,9 @@ def read_store(path: Path) -> Trace:
     )
 
 
-def _rebuild(metas: Sequence[dict[str, Any]], requests: list[Request]) -> tuple[Session, ...]:
+def _rebuild(
+    metas: Sequence[dict[str, Any]], requests: list[Request]
+) -> tuple[Session, ...]:
     starts = np.zeros(len(metas) + 1, dtype=np.int64)
     np.cumsum([m["n"] for m in metas], out=starts[1:])
     children: dict[int, list[int]] = {}

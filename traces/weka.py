@@ -10,6 +10,7 @@ finds instead of stopping at the first.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,7 @@ _SUBAGENT_KEYS = frozenset(
     }
 )
 _MAX_DEPTH = 8  # subagents of subagents are allowed, within reason
+_I64 = -(2**63)  # smallest int64; hash ids must fit an int64
 _TIME_SLACK_S = 1e-6  # timestamps are rounded to ms in the corpus
 
 
@@ -159,13 +161,19 @@ def _hash_ids(
         ctx.add(index, "hash_ids", f"expected a list, got {type(raw).__name__}")
         return np.zeros(0, dtype=np.int64)
     try:
-        arr = np.fromiter(raw, dtype=np.int64, count=len(raw))
-        # fromiter truncates floats silently; Python's exact sum tells them apart.
-        exact = arr.size == 0 or int(arr.sum()) == sum(raw)
-    except (ValueError, TypeError, OverflowError):
-        exact = False
-    if not exact:
-        ctx.add(index, "hash_ids", "expected a list of integers")
+        # array('q') converts in C and, unlike np.fromiter, refuses floats (even 1.0),
+        # strings, None and ints beyond int64 instead of truncating or wrapping them.
+        arr = np.frombuffer(array("q", raw), dtype=np.int64)
+    except (TypeError, OverflowError):
+        pos, bad = next(
+            (i, x) for i, x in enumerate(raw) if not _is_int(x) or not _I64 <= x < -_I64
+        )
+        what = "an integer outside int64" if _is_int(bad) else type(bad).__name__
+        ctx.add(
+            index,
+            "hash_ids",
+            f"expected a list of integers, got {what} {bad!r:.40} at position {pos}",
+        )
         return np.zeros(0, dtype=np.int64)
     n = arr.size
     full, ceil = in_tokens // block_size, -(-in_tokens // block_size)
@@ -424,8 +432,10 @@ def _subagent_dict(sub: Subagent) -> dict[str, Any]:
         ("tool_use_count", sub.tool_use_count),
         ("status", sub.status),
     ):
-        if value is not None:
-            d[key] = int(value) if key == "duration_ms" and value == int(value) else value
+        if value is None:
+            continue
+        integral = key == "duration_ms" and value == int(value)
+        d[key] = int(value) if integral else value
     d["requests"] = _entries(sub.session)
     d["models"] = list(sub.session.models)
     if sub.session.tool_tokens is not None:
