@@ -1,0 +1,239 @@
+"""Reading run directories (``requests/part-*.parquet``, ``run.json``,
+``server_metrics.parquet``) and sweep folders into :class:`Run` values.
+
+The only module of ``analysis`` that does I/O. Owns no metric.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from replayer.errors import ReplayerError
+from replayer.records import RECORD_SCHEMA
+
+# Repeated strings are read dictionary-encoded (pandas categoricals): a 10M-row run's
+# ids would otherwise be 10M Python-visible strings per column.
+CATEGORY_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "session_id",
+    "root_session_id",
+    "parent_session_id",
+    "status",
+    "error_type",
+)
+SERVER_METRICS_SCHEMA = pa.schema(
+    [
+        ("scrape_ns", pa.int64()),
+        ("metric", pa.string()),
+        ("labels", pa.string()),
+        ("value", pa.float64()),
+    ]
+)
+_RUN_META_KEY = b"replayer.run"
+
+
+class AnalysisError(ReplayerError):
+    """A run or sweep directory that cannot be analysed (missing, corrupt, empty)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    """One run directory loaded: request rows, run metadata and scraped metrics."""
+
+    path: Path
+    requests: pd.DataFrame  # one row per request, RECORD_SCHEMA columns
+    meta: dict[str, Any]  # run.json (or the part files' copy of it)
+    server_metrics: pd.DataFrame  # long format: scrape_ns, metric, labels, value
+    problems: tuple[str, ...] = ()  # what was skipped while loading (crashed runs)
+
+    @property
+    def name(self) -> str:
+        """The directory name (a sweep level's name)."""
+        return self.path.name
+
+    @property
+    def complete(self) -> bool:
+        """False for a run that stopped without writing its end time (a crash)."""
+        return self.meta.get("end_unix_ns") is not None
+
+    @property
+    def measure_start_ns(self) -> int:
+        """Run-relative start of the measurement window (end of warm-up)."""
+        return int(self.meta.get("measure_start_ns") or 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sweep:
+    """A sweep folder: one run per level, in the order of ``sweep.json``."""
+
+    path: Path
+    levels: tuple[str, ...]
+    runs: tuple[Run, ...] = field(default_factory=tuple)
+
+
+def _pandas_type(t: pa.DataType) -> Any:
+    if pa.types.is_integer(t):
+        return pd.Int32Dtype() if t.bit_width == 32 else pd.Int64Dtype()
+    if pa.types.is_boolean(t):
+        return pd.BooleanDtype()
+    if pa.types.is_list(t):
+        return pd.ArrowDtype(t)
+    return None
+
+
+def records_frame(table: pa.Table) -> pd.DataFrame:
+    """An Arrow table of request rows → the DataFrame analysis works on.
+
+    Integers become nullable ``Int64``/``Int32`` (a null stays null, never 0),
+    ``warmup`` nullable boolean, ``chunk_times_ns`` an Arrow list column, and the id
+    and status columns categoricals.
+    """
+    cols = []
+    for name in table.column_names:
+        col = table.column(name)
+        if name in CATEGORY_COLUMNS and not pa.types.is_dictionary(col.type):
+            col = col.dictionary_encode()
+        cols.append(col)
+    table = pa.table(cols, names=table.column_names).unify_dictionaries()
+    return table.to_pandas(types_mapper=_pandas_type)
+
+
+def _conform(table: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """Select and cast ``columns``; a column an older writer lacked becomes null."""
+    out = []
+    for name in columns:
+        target = RECORD_SCHEMA.field(name).type
+        if name in table.column_names:
+            col = table.column(name)
+            if pa.types.is_dictionary(col.type):
+                col = col.cast(pa.dictionary(pa.int32(), target))
+            else:
+                col = col.cast(target)
+        else:
+            col = pa.nulls(table.num_rows, target)
+        out.append(col)
+    return pa.table(out, names=list(columns))
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def load_run(path: str | Path, *, columns: Sequence[str] | None = None) -> Run:
+    """Load the run directory at ``path``.
+
+    A crashed run loads too: an unreadable part file is skipped and named in
+    ``Run.problems``; without ``run.json`` the metadata comes from the part files.
+    ``columns`` limits the request columns read (default: all of RECORD_SCHEMA).
+
+    Raises:
+        AnalysisError: not a directory, or neither run.json nor any readable part.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise AnalysisError(f"{path}: no such run directory")
+    wanted = list(columns) if columns is not None else list(RECORD_SCHEMA.names)
+    unknown = [c for c in wanted if c not in RECORD_SCHEMA.names]
+    if unknown:
+        raise AnalysisError(f"unknown request column(s): {', '.join(unknown)}")
+    problems: list[str] = []
+    meta = _read_json(path / "run.json")
+    if meta is None and (path / "run.json").exists():
+        problems.append("run.json is not a JSON object; using the part files' copy")
+    parts = sorted((path / "requests").glob("part-*.parquet"))
+    tables: list[pa.Table] = []
+    for part in parts:
+        try:
+            pf = pq.ParquetFile(part)
+            present = [c for c in wanted if c in pf.schema_arrow.names]
+            read_dict = [c for c in present if c in CATEGORY_COLUMNS]
+            table = pq.read_table(part, columns=present, read_dictionary=read_dict)
+        except (OSError, pa.ArrowException) as exc:
+            problems.append(f"{part.name}: unreadable, skipped ({exc})")
+            continue
+        if meta is None:
+            raw = (pf.schema_arrow.metadata or {}).get(_RUN_META_KEY)
+            if raw is not None:
+                try:
+                    meta = json.loads(raw)
+                except ValueError:
+                    meta = None
+        tables.append(_conform(table, wanted))
+    if meta is None and not tables:
+        raise AnalysisError(
+            f"{path}: not a run directory (no run.json and no readable "
+            "requests/part-*.parquet)"
+        )
+    if not tables:
+        tables.append(_conform(RECORD_SCHEMA.empty_table(), wanted))
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    if meta is None:
+        meta = {}
+        problems.append("no run.json: metadata unavailable")
+    return Run(
+        path=path,
+        requests=records_frame(table),
+        meta=meta,
+        server_metrics=_load_server_metrics(path / "server_metrics.parquet", problems),
+        problems=tuple(problems),
+    )
+
+
+def _load_server_metrics(path: Path, problems: list[str]) -> pd.DataFrame:
+    empty = SERVER_METRICS_SCHEMA.empty_table().to_pandas()
+    if not path.exists():
+        return empty
+    try:
+        table = pq.read_table(path)
+        table = table.select(SERVER_METRICS_SCHEMA.names).cast(SERVER_METRICS_SCHEMA)
+    except (OSError, KeyError, pa.ArrowException) as exc:
+        problems.append(f"{path.name}: unreadable, skipped ({exc})")
+        return empty
+    return table.to_pandas()
+
+
+def is_sweep(path: str | Path) -> bool:
+    """Whether ``path`` is a sweep folder (it holds ``sweep.json``)."""
+    return (Path(path) / "sweep.json").is_file()
+
+
+def load_sweep(path: str | Path, *, columns: Sequence[str] | None = None) -> Sweep:
+    """Load a sweep folder: ``sweep.json`` {"levels": [...]} and one run per level."""
+    path = Path(path)
+    spec = _read_json(path / "sweep.json")
+    levels = spec.get("levels") if spec is not None else None
+    if not isinstance(levels, list) or not all(isinstance(x, str) for x in levels):
+        raise AnalysisError(f'{path / "sweep.json"}: expected {{"levels": [names]}}')
+    runs = tuple(
+        load_run(path / level, columns=columns)
+        for level in levels
+        if (path / level).is_dir()
+    )
+    if not runs:
+        raise AnalysisError(f"{path}: sweep has no level directories")
+    return Sweep(path=path, levels=tuple(r.name for r in runs), runs=runs)
+
+
+def load_runs(
+    paths: Sequence[str | Path], *, columns: Sequence[str] | None = None
+) -> list[Run]:
+    """Load several run directories; a sweep folder contributes all its levels."""
+    runs: list[Run] = []
+    for p in paths:
+        if is_sweep(p):
+            runs.extend(load_sweep(p, columns=columns).runs)
+        else:
+            runs.append(load_run(p, columns=columns))
+    return runs

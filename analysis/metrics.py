@@ -1,0 +1,375 @@
+"""Metric functions on request-row DataFrames (as ``analysis.load`` returns them).
+
+Pure: a DataFrame (or Series) goes in, an array, float or dict comes out; no I/O, no
+printing. Each function's docstring gives its formula and its population (which rows
+count). Latencies come out in milliseconds (``_ms``), rates in tokens per second.
+Definitions follow vLLM/SGLang/AIPerf so that numbers compare. "Measured" rows are
+those not flagged ``warmup``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replayer.records import STATUSES
+
+FloatArray = npt.NDArray[np.float64]
+NAN = float("nan")
+_NS_PER_MS = 1e6
+_NS_PER_S = 1e9
+# Statuses of rows that were sent and ended (an SLO can fail on them); "skipped" rows
+# were never sent and "cancelled" ones were cut by the end of the run.
+_ATTEMPTED = ("ok", "http_error", "timeout", "client_error")
+
+
+def percentiles(values: npt.ArrayLike, qs: Sequence[float]) -> list[float]:
+    """Percentiles ``qs`` (each in [0, 100]) of ``values`` by numpy's linear
+    interpolation; NaNs are dropped; NaN for no data. Population: the caller's."""
+    arr = np.asarray(values, dtype=np.float64)
+    arr = arr[~np.isnan(arr)]
+    if arr.size == 0:
+        return [NAN] * len(qs)
+    return [float(x) for x in np.percentile(arr, list(qs), method="linear")]
+
+
+def percentile(values: npt.ArrayLike, q: float) -> float:
+    """One percentile (q in [0, 100]); see :func:`percentiles`."""
+    return percentiles(values, [q])[0]
+
+
+def describe(values: npt.ArrayLike) -> dict[str, float]:
+    """{"mean", "p50", "p90", "p99", "count"} of ``values`` (NaNs dropped)."""
+    arr = np.asarray(values, dtype=np.float64)
+    arr = arr[~np.isnan(arr)]
+    p50, p90, p99 = percentiles(arr, [50, 90, 99])
+    mean = float(arr.mean()) if arr.size else NAN
+    return {"mean": mean, "p50": p50, "p90": p90, "p99": p99, "count": int(arr.size)}
+
+
+def column(df: pd.DataFrame, name: str) -> FloatArray:
+    """A numeric column as float64 with NaN for null."""
+    return df[name].to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def is_warmup(df: pd.DataFrame) -> npt.NDArray[np.bool_]:
+    """Rows started inside the warm-up window (a null flag counts as measured)."""
+    return df["warmup"].fillna(False).to_numpy(dtype=bool)
+
+
+def has_status(df: pd.DataFrame, *statuses: str) -> npt.NDArray[np.bool_]:
+    """Rows whose ``status`` is one of ``statuses``."""
+    return df["status"].isin(statuses).to_numpy(dtype=bool)
+
+
+def measured_ok(df: pd.DataFrame) -> npt.NDArray[np.bool_]:
+    """The latency population: ``status == "ok"`` and not warm-up."""
+    return has_status(df, "ok") & ~is_warmup(df)
+
+
+def counts(df: pd.DataFrame) -> dict[str, Any]:
+    """Row counts. Population: all rows.
+
+    ``requests`` all rows; ``ok`` rows with status ok; ``errors`` rows per non-ok
+    status (every status listed, zeros included); ``warmup`` rows flagged warm-up
+    (any status); ``measured_ok`` = ok and not warm-up (the latency population).
+    """
+    by_status = df["status"].astype("object").value_counts()
+    warm = is_warmup(df)
+    return {
+        "requests": len(df),
+        "ok": int(by_status.get("ok", 0)),
+        "errors": {s: int(by_status.get(s, 0)) for s in STATUSES if s != "ok"},
+        "warmup": int(warm.sum()),
+        "measured_ok": int(measured_ok(df).sum()),
+    }
+
+
+def ttft_ms(df: pd.DataFrame) -> FloatArray:
+    """Time to first token per request, ms.
+
+    Formula: ttft_ns / 1e6, where ttft_ns = first_token_ns - start_ns (first chunk
+    carrying content). Population: ok, measured rows with a TTFT.
+    """
+    v = column(df, "ttft_ns")[measured_ok(df)] / _NS_PER_MS
+    return v[~np.isnan(v)]
+
+
+def e2e_ms(df: pd.DataFrame) -> FloatArray:
+    """End-to-end latency per request, ms.
+
+    Formula: e2e_ns / 1e6 (end_ns - start_ns). Population: ok, measured rows.
+    """
+    v = column(df, "e2e_ns")[measured_ok(df)] / _NS_PER_MS
+    return v[~np.isnan(v)]
+
+
+def tpot_ms(df: pd.DataFrame) -> FloatArray:
+    """Time per output token after the first, per request, ms.
+
+    Formula: (E2E - TTFT) / (output_tokens - 1) / 1e6, output_tokens = received.
+    Population: ok, measured rows with output_tokens ≥ 2 and both latencies.
+    """
+    out = column(df, "output_tokens")
+    keep = measured_ok(df) & (out >= 2)
+    e2e = column(df, "e2e_ns")[keep]
+    ttft = column(df, "ttft_ns")[keep]
+    v = (e2e - ttft) / (out[keep] - 1) / _NS_PER_MS
+    return v[~np.isnan(v)]
+
+
+def itl_ms(df: pd.DataFrame) -> FloatArray:
+    """Inter-token latencies, ms, pooled over requests (as vLLM's benchmark does).
+
+    Formula: every gap chunk_times_ns[k+1] - chunk_times_ns[k] between consecutive
+    content chunks of one request, / 1e6. Population: ok, measured rows; a row with
+    fewer than two chunks contributes no gap. A chunk carrying several tokens counts
+    as one gap (what a user sees).
+    """
+    arr = pa.array(df["chunk_times_ns"][measured_ok(df)])
+    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy()
+    values = pc.list_flatten(arr).to_numpy()
+    if values.size < 2:
+        return np.zeros(0, dtype=np.float64)
+    gaps = np.diff(values).astype(np.float64)
+    within = np.ones(gaps.size, dtype=bool)
+    starts = np.cumsum(lengths)[:-1]  # flat index where each following row begins
+    starts = starts[(starts > 0) & (starts < values.size)]
+    within[starts - 1] = False
+    return gaps[within] / _NS_PER_MS
+
+
+def interactivity_tok_s(df: pd.DataFrame) -> dict[str, float]:
+    """Per-user decode speed, tok/s/user: interactivity = 1 / TPOT.
+
+    Formula: pN = 1000 / P_N(tpot_ms). Higher percentiles are the *slow* end: p90 is
+    the speed that 90% of requests reach or beat (AgentX reports the P90 of the
+    latency and inverts it, as for :func:`e2e_norm_interactivity_tok_s`).
+    Population: that of :func:`tpot_ms`.
+    """
+    p50, p90 = percentiles(tpot_ms(df), [50, 90])
+    return {"p50": _inverse(p50, 1000.0), "p90": _inverse(p90, 1000.0)}
+
+
+def e2e_norm_interactivity_tok_s(df: pd.DataFrame) -> float:
+    """AgentX headline: E2E-normalized interactivity, tok/s/user.
+
+    Formula: 1 / P90(E2E_i / OSL_i), E2E in seconds, OSL = output_tokens received.
+    Population: ok, measured rows with output_tokens ≥ 1 and an E2E.
+    """
+    out = column(df, "output_tokens")
+    keep = measured_ok(df) & (out >= 1)
+    per_token_s = column(df, "e2e_ns")[keep] / _NS_PER_S / out[keep]
+    return _inverse(percentile(per_token_s, 90), 1.0)
+
+
+def _inverse(x: float, scale: float) -> float:
+    return scale / x if x > 0 and math.isfinite(x) else NAN
+
+
+def measured_window_s(df: pd.DataFrame) -> float:
+    """Length of the measured window, s: last end_ns - first start_ns.
+
+    Population: ok, measured rows. NaN with no such row (or zero length).
+    """
+    keep = measured_ok(df)
+    if not keep.any():
+        return NAN
+    start = np.nanmin(column(df, "start_ns")[keep])
+    end = np.nanmax(column(df, "end_ns")[keep])
+    return (end - start) / _NS_PER_S if end > start else NAN
+
+
+def throughput_tok_s(df: pd.DataFrame, gpus: int | None = None) -> dict[str, Any]:
+    """Token throughput, tok/s: tokens / (last end - first start).
+
+    Formula: input = Σ prompt_tokens (sent), output = Σ output_tokens (received),
+    total = input + output, each over :func:`measured_window_s`; ``per_gpu`` divides
+    each by ``gpus`` (present only when ``gpus`` is given). ``requests`` is the
+    request rate. Population: ok, measured rows (warm-up and errored rows are
+    excluded; :func:`counts` counts them).
+    """
+    keep = measured_ok(df)
+    window = measured_window_s(df)
+    tin = float(np.nansum(column(df, "prompt_tokens")[keep]))
+    tout = float(np.nansum(column(df, "output_tokens")[keep]))
+    rates = {
+        "input": tin / window,
+        "output": tout / window,
+        "total": (tin + tout) / window,
+    }
+    out: dict[str, Any] = {**rates, "requests": int(keep.sum()) / window}
+    out["window_s"] = window
+    if gpus:
+        out["per_gpu"] = {k: v / gpus for k, v in rates.items()}
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slo:
+    """Service-level objectives, ms; None = no objective on that metric."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            k: v
+            for k, v in (
+                ("ttft_ms", self.ttft_ms),
+                ("tpot_ms", self.tpot_ms),
+                ("e2e_ms", self.e2e_ms),
+            )
+            if v is not None
+        }
+
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|us)?\s*$")
+_UNIT_MS = {"ms": 1.0, "s": 1000.0, "us": 0.001, None: 1000.0}
+
+
+def parse_slo(text: str) -> Slo:
+    """``"ttft=2s,tpot=50ms,e2e=30s"`` → :class:`Slo` (a bare number is seconds).
+
+    Raises:
+        ValueError: unknown metric or malformed duration (the message says which).
+    """
+    values: dict[str, float] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, raw = item.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in ("ttft", "tpot", "e2e"):
+            raise ValueError(
+                f"bad SLO {item!r}: expected ttft=..., tpot=... or e2e=... "
+                "(e.g. ttft=2s,tpot=50ms)"
+            )
+        m = _DURATION.match(raw)
+        if m is None:
+            raise ValueError(f"bad SLO duration {raw!r} for {key} (e.g. 2s, 50ms)")
+        values[f"{key}_ms"] = float(m.group(1)) * _UNIT_MS[m.group(2)]
+    if not values:
+        raise ValueError("empty SLO: give e.g. ttft=2s,tpot=50ms")
+    return Slo(**values)
+
+
+def goodput(df: pd.DataFrame, slo: Slo) -> dict[str, Any]:
+    """Requests meeting every objective in ``slo``.
+
+    Formula: good = ok rows with TTFT ≤ slo.ttft, TPOT ≤ slo.tpot (rows with < 2
+    output tokens pass this one) and E2E ≤ slo.e2e; ``fraction`` = good / attempted;
+    ``requests_s`` = good / :func:`measured_window_s`; ``output_tok_s`` = Σ
+    output_tokens of good rows / the same window. Population: measured rows that were
+    sent and ended (ok, http_error, timeout, client_error); a failed row is not good.
+    """
+    measured = ~is_warmup(df)
+    attempted = measured & has_status(df, *_ATTEMPTED)
+    good = measured & has_status(df, "ok")
+    ttft = column(df, "ttft_ns") / _NS_PER_MS
+    e2e = column(df, "e2e_ns") / _NS_PER_MS
+    out = column(df, "output_tokens")
+    if slo.ttft_ms is not None:
+        good &= ttft <= slo.ttft_ms
+    if slo.e2e_ms is not None:
+        good &= e2e <= slo.e2e_ms
+    if slo.tpot_ms is not None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = (e2e - ttft) / (out - 1)
+        good &= (out < 2) | (tpot <= slo.tpot_ms)
+    n_att = int(attempted.sum())
+    n_good = int(good.sum())
+    window = measured_window_s(df)
+    return {
+        "slo": slo.as_dict(),
+        "requests": n_good,
+        "attempted": n_att,
+        "fraction": n_good / n_att if n_att else NAN,
+        "requests_s": n_good / window,
+        "output_tok_s": float(np.nansum(out[good])) / window,
+    }
+
+
+def dispatch_lag_ms(df: pd.DataFrame) -> FloatArray:
+    """Client dispatch lag per request, ms: how late the replayer sent it.
+
+    Formula: (start_ns - scheduled_ns) / 1e6. Population: measured rows that were
+    sent (start_ns not null), any status.
+    """
+    v = (column(df, "start_ns") - column(df, "scheduled_ns"))[~is_warmup(df)]
+    return v[~np.isnan(v)] / _NS_PER_MS
+
+
+def server_prompt(df: pd.DataFrame) -> FloatArray:
+    """The server's prompt length where it reported one, else the tokens we sent."""
+    server = column(df, "server_prompt_tokens")
+    return np.where(np.isnan(server), column(df, "prompt_tokens"), server)
+
+
+def server_hit_rate(df: pd.DataFrame) -> float:
+    """Server-reported prefix-cache hit rate.
+
+    Formula: Σ cached_tokens / Σ prompt (the server's usage.prompt_tokens when
+    reported, else prompt_tokens sent). Population: ok, measured rows that report
+    cached_tokens. NaN ("unavailable") when no row reports it, never 0.
+    """
+    cached = column(df, "cached_tokens")
+    keep = measured_ok(df) & ~np.isnan(cached)
+    denom = float(server_prompt(df)[keep].sum())
+    return float(cached[keep].sum()) / denom if keep.any() and denom > 0 else NAN
+
+
+def ideal_hit_rate(df: pd.DataFrame) -> float:
+    """The trace's ideal (infinite prefix cache) hit rate for the rows that ran.
+
+    Formula: Σ ideal_cached_tokens / Σ prompt_tokens. Population: ok, measured rows.
+    """
+    keep = measured_ok(df)
+    denom = float(np.nansum(column(df, "prompt_tokens")[keep]))
+    num = float(np.nansum(column(df, "ideal_cached_tokens")[keep]))
+    return num / denom if denom > 0 else NAN
+
+
+PROM_HITS = "vllm:prefix_cache_hits_total"
+PROM_QUERIES = "vllm:prefix_cache_queries_total"
+
+
+def counter_delta(
+    server_metrics: pd.DataFrame, metric: str, since_ns: int = 0
+) -> float:
+    """Increase of a Prometheus counter over the run, summed over label sets.
+
+    Formula: value at the last scrape - value at the baseline scrape, per label set,
+    summed; the baseline is the last scrape at or before ``since_ns`` (else the
+    first). Counter resets are not corrected. NaN when the metric was not scraped.
+    """
+    rows = server_metrics[server_metrics["metric"] == metric]
+    if rows.empty:
+        return NAN
+    total = 0.0
+    for _, g in rows.groupby("labels", sort=False):
+        g = g.sort_values("scrape_ns")
+        before = g[g["scrape_ns"] <= since_ns]
+        base = before.iloc[-1] if not before.empty else g.iloc[0]
+        total += float(g["value"].iloc[-1] - base["value"])
+    return total
+
+
+def prometheus_hit_rate(server_metrics: pd.DataFrame, since_ns: int = 0) -> float:
+    """Prefix-cache hit rate from the server's own counters.
+
+    Formula: Δ vllm:prefix_cache_hits_total / Δ vllm:prefix_cache_queries_total
+    (see :func:`counter_delta`; ``since_ns`` = end of warm-up). Population: every
+    request the server saw between the two scrapes. NaN when unavailable.
+    """
+    hits = counter_delta(server_metrics, PROM_HITS, since_ns)
+    queries = counter_delta(server_metrics, PROM_QUERIES, since_ns)
+    return hits / queries if queries > 0 else NAN

@@ -1,0 +1,235 @@
+"""Each metric on a hand-computed 5-row table (expected values worked out by hand)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import metrics as m
+from analysis.load import records_frame
+from replayer.records import RequestRecord, records_to_table
+
+MS = 1_000_000
+
+
+@pytest.fixture
+def five(timed: Callable[..., RequestRecord]) -> pd.DataFrame:
+    """A, B, C: ok and measured; D: ok but warm-up; E: an HTTP error.
+
+    A: sent 1000 ms (scheduled 990), TTFT 100, E2E 1100, 11 tokens  → TPOT 100
+    B: sent 1500 ms (on time),       TTFT 300, E2E 2300, 41 tokens  → TPOT 50
+    C: sent 2000 ms (scheduled 1970), TTFT 200, E2E 1000, 5 tokens  → TPOT 200
+    """
+    rows = [
+        timed(
+            start_ms=1000,
+            ttft_ms=100,
+            e2e_ms=1100,
+            out=11,
+            scheduled_ns=990 * MS,
+            prompt_tokens=1000,
+            server_prompt_tokens=1010,
+            cached_tokens=500,
+            ideal_cached_tokens=600,
+            request_index=0,
+        ),
+        timed(
+            start_ms=1500,
+            ttft_ms=300,
+            e2e_ms=2300,
+            out=41,
+            scheduled_ns=1500 * MS,
+            prompt_tokens=2000,
+            ideal_cached_tokens=1000,
+            request_index=1,
+        ),
+        timed(
+            start_ms=2000,
+            ttft_ms=200,
+            e2e_ms=1000,
+            out=5,
+            scheduled_ns=1970 * MS,
+            prompt_tokens=3000,
+            cached_tokens=1500,
+            ideal_cached_tokens=2000,
+            request_index=2,
+        ),
+        timed(
+            start_ms=0,
+            ttft_ms=1000,
+            e2e_ms=5000,
+            out=2,
+            scheduled_ns=0,
+            prompt_tokens=4000,
+            cached_tokens=1000,
+            warmup=True,
+            request_index=3,
+        ),
+        timed(
+            start_ms=2500,
+            ttft_ms=0,
+            e2e_ms=2500,
+            out=1,
+            scheduled_ns=2400 * MS,
+            status="http_error",
+            http_status=500,
+            request_index=4,
+        ),
+    ]
+    return records_frame(records_to_table(rows))  # fmt: skip
+
+
+def test_percentile_linear_interpolation() -> None:
+    # [1, 2, 3, 4]: p90 at index 2.7 → 3 + 0.7 * 1.
+    assert m.percentile([4, 1, 3, 2], 90) == pytest.approx(3.7)
+    assert np.isnan(m.percentile([], 50))
+    assert m.percentiles([np.nan, 10.0], [0, 100]) == [10.0, 10.0]
+
+
+def test_counts_by_status_and_warmup(five: pd.DataFrame) -> None:
+    c = m.counts(five)
+    assert c["requests"] == 5
+    assert c["ok"] == 4
+    assert c["errors"]["http_error"] == 1
+    assert c["errors"]["timeout"] == 0
+    assert c["warmup"] == 1
+    assert c["measured_ok"] == 3
+
+
+def test_ttft_ms_excludes_warmup_and_errors(five: pd.DataFrame) -> None:
+    d = m.describe(m.ttft_ms(five))
+    # [100, 200, 300]: p90 at index 1.8 → 200 + 0.8 * 100.
+    assert d == pytest.approx(
+        {"mean": 200.0, "p50": 200.0, "p90": 280.0, "p99": 298.0, "count": 3}
+    )
+
+
+def test_e2e_ms(five: pd.DataFrame) -> None:
+    d = m.describe(m.e2e_ms(five))
+    # E2E sorted: 1000, 1100, 2300 ms.
+    assert d["mean"] == pytest.approx(4400 / 3)
+    assert d["p50"] == pytest.approx(1100.0)
+    assert d["p90"] == pytest.approx(1100 + 0.8 * 1200)
+    assert d["p99"] == pytest.approx(1100 + 0.98 * 1200)
+
+
+def test_tpot_ms_is_decode_time_over_tokens_after_first(five: pd.DataFrame) -> None:
+    assert sorted(m.tpot_ms(five).tolist()) == pytest.approx([50.0, 100.0, 200.0])
+
+
+def test_tpot_ms_skips_single_token_rows(rec: Callable[..., RequestRecord]) -> None:
+    df = records_frame(
+        records_to_table(
+            [rec(ttft_ns=5 * MS, e2e_ns=5 * MS, output_tokens=1, end_ns=5 * MS)]
+        )
+    )
+    assert m.tpot_ms(df).size == 0
+
+
+def test_itl_ms_pools_gaps_within_requests(five: pd.DataFrame) -> None:
+    gaps = m.itl_ms(five)
+    # A: 10 gaps of 100 ms, B: 40 of 50 ms, C: 4 of 200 ms; no gap across rows.
+    assert gaps.size == 54
+    assert gaps.mean() == pytest.approx((1000 + 2000 + 800) / 54)
+    assert m.percentile(gaps, 50) == pytest.approx(50.0)
+    assert m.percentile(gaps, 90) == pytest.approx(100.0)
+    assert gaps.max() == pytest.approx(200.0)
+
+
+def test_interactivity_p90_is_the_slow_end(five: pd.DataFrame) -> None:
+    it = m.interactivity_tok_s(five)
+    # TPOT [50, 100, 200]: P50 100 ms → 10 tok/s; P90 180 ms → 5.56 tok/s.
+    assert it["p50"] == pytest.approx(10.0)
+    assert it["p90"] == pytest.approx(1000 / 180)
+    assert it["p90"] < it["p50"]
+
+
+def test_e2e_norm_interactivity(five: pd.DataFrame) -> None:
+    # E2E/OSL: A 1.1/11 = 0.1, B 2.3/41 = 0.0561, C 1.0/5 = 0.2 → P90 = 0.18 s.
+    assert m.e2e_norm_interactivity_tok_s(five) == pytest.approx(1 / 0.18)
+
+
+def test_throughput_over_measured_window(five: pd.DataFrame) -> None:
+    t = m.throughput_tok_s(five, gpus=2)
+    # Window: A's start 1.0 s → B's end 3.8 s = 2.8 s (D warm-up, E error excluded).
+    assert t["window_s"] == pytest.approx(2.8)
+    assert t["input"] == pytest.approx(6000 / 2.8)
+    assert t["output"] == pytest.approx(57 / 2.8)
+    assert t["total"] == pytest.approx(6057 / 2.8)
+    assert t["requests"] == pytest.approx(3 / 2.8)
+    assert t["per_gpu"]["output"] == pytest.approx(57 / 2.8 / 2)
+    assert "per_gpu" not in m.throughput_tok_s(five)
+
+
+def test_goodput_counts_errors_as_failing(five: pd.DataFrame) -> None:
+    g = m.goodput(five, m.parse_slo("ttft=250ms,tpot=150ms"))
+    # A meets both; B's TTFT 300 and C's TPOT 200 fail; E failed; D is warm-up.
+    assert g["requests"] == 1
+    assert g["attempted"] == 4
+    assert g["fraction"] == pytest.approx(0.25)
+    assert g["requests_s"] == pytest.approx(1 / 2.8)
+    assert g["output_tok_s"] == pytest.approx(11 / 2.8)
+    assert g["slo"] == {"ttft_ms": 250.0, "tpot_ms": 150.0}
+
+
+def test_parse_slo_units_and_errors() -> None:
+    assert m.parse_slo("ttft=2s, tpot=50ms,e2e=30") == m.Slo(
+        ttft_ms=2000.0, tpot_ms=50.0, e2e_ms=30000.0
+    )
+    with pytest.raises(ValueError, match="bad SLO"):
+        m.parse_slo("itl=3ms")
+    with pytest.raises(ValueError, match="duration"):
+        m.parse_slo("ttft=fast")
+
+
+def test_dispatch_lag_ms(five: pd.DataFrame) -> None:
+    lag = m.dispatch_lag_ms(five)
+    # A 10, B 0, C 30, E 100 (D is warm-up) → sorted [0, 10, 30, 100].
+    assert sorted(lag.tolist()) == pytest.approx([0.0, 10.0, 30.0, 100.0])
+    assert m.percentile(lag, 50) == pytest.approx(20.0)
+    assert m.percentile(lag, 99) == pytest.approx(30 + 0.97 * 70)
+
+
+def test_server_hit_rate_uses_reporting_rows_only(five: pd.DataFrame) -> None:
+    # A: 500 of 1010 (server's count), C: 1500 of 3000 (sent); B reports nothing.
+    assert m.server_hit_rate(five) == pytest.approx(2000 / 4010)
+
+
+def test_server_hit_rate_unavailable_is_nan_not_zero(
+    rec: Callable[..., RequestRecord],
+) -> None:
+    df = records_frame(records_to_table([rec(), rec(request_index=1)]))
+    assert np.isnan(m.server_hit_rate(df))
+
+
+def test_ideal_hit_rate(five: pd.DataFrame) -> None:
+    assert m.ideal_hit_rate(five) == pytest.approx(3600 / 6000)
+
+
+def test_prometheus_hit_rate_from_counter_deltas() -> None:
+    a, b = json.dumps({"engine": "0"}), json.dumps({"engine": "1"})
+    rows = [
+        # scrape_ns, metric, labels, value: two label sets, summed.
+        (0, m.PROM_HITS, a, 0.0),
+        (0, m.PROM_QUERIES, a, 0.0),
+        (0, m.PROM_HITS, b, 10.0),
+        (0, m.PROM_QUERIES, b, 10.0),
+        (1000, m.PROM_HITS, a, 100.0),
+        (1000, m.PROM_QUERIES, a, 400.0),
+        (1000, m.PROM_HITS, b, 10.0),
+        (1000, m.PROM_QUERIES, b, 10.0),
+        (2000, m.PROM_HITS, a, 300.0),
+        (2000, m.PROM_QUERIES, a, 1000.0),
+        (2000, m.PROM_HITS, b, 110.0),
+        (2000, m.PROM_QUERIES, b, 210.0),
+    ]
+    sm = pd.DataFrame(rows, columns=["scrape_ns", "metric", "labels", "value"])
+    # Whole run: (300 + 100) / (1000 + 200).
+    assert m.prometheus_hit_rate(sm) == pytest.approx(400 / 1200)
+    # After warm-up (baseline = scrape at 1000): (200 + 100) / (600 + 200).
+    assert m.prometheus_hit_rate(sm, since_ns=1000) == pytest.approx(300 / 800)
+    assert np.isnan(m.prometheus_hit_rate(sm.iloc[0:0]))
