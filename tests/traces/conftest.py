@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from traces.model import Request, Session, Subagent, Trace
 
-_NAMES = st.text(alphabet="abcdefgh_-.:/ 0123456789é", min_size=1, max_size=8)
+# No '/': subagent session ids are '<parent>/<agent_id>' and must stay unique.
+_NAMES = st.text(alphabet="abcdefgh_-.: 0123456789é", min_size=1, max_size=8)
 _EXTRA_VALUES = st.one_of(
     st.none(),
     st.booleans(),
