@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from replayer.errors import ReplayerError
 from replayer.records import RECORD_SCHEMA
+from traces.model import Trace
 
 # Repeated strings are read dictionary-encoded (pandas categoricals): a 10M-row run's
 # ids would otherwise be 10M Python-visible strings per column.
@@ -237,3 +238,34 @@ def load_runs(
         else:
             runs.append(load_run(p, columns=columns))
     return runs
+
+
+def load_trace_for(run: Run, trace_path: str | Path | None = None) -> Trace:
+    """The trace a run replayed: ``trace_path``, else run.json's ``trace.path``.
+
+    Raises:
+        AnalysisError: no path known, or the file is gone / unreadable.
+    """
+    from traces.errors import TraceError
+    from traces.io import read_trace
+
+    if trace_path is None:
+        trace_path = (run.meta.get("trace") or {}).get("path")
+    if not trace_path:
+        raise AnalysisError(
+            f"{run.path}: run.json names no trace path; pass the trace explicitly"
+        )
+    try:
+        return read_trace(Path(trace_path))
+    except TraceError as exc:
+        raise AnalysisError(f"{run.path}: cannot reload its trace: {exc}") from exc
+
+
+def block_tokens_of(run: Run, trace: Trace | None = None) -> int:
+    """Tokens per materialized block: run.json ``block_tokens``, else the trace's."""
+    value = run.meta.get("block_tokens") or (run.meta.get("trace") or {}).get(
+        "block_size"
+    )
+    if not value and trace is not None and trace.sessions:
+        value = trace.sessions[0].block_size
+    return int(value or 64)

@@ -1,0 +1,193 @@
+"""KV-cache truth side by side: what the server reported, what its Prometheus counters
+say, what the trace allows (ideal) and what an LRU cache of a given size would hit,
+per run, per session tree and per request; and which misses explain slow TTFT.
+
+Pure: the trace comes in as an argument (``analysis.load.load_trace_for`` reads it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from analysis.metrics import (
+    NAN,
+    column,
+    measured_ok,
+    percentile,
+    server_prompt,
+)
+from traces.cache import CacheRequest, lru_hits
+from traces.model import HashIds, Trace
+
+REQUEST_COLUMNS = (
+    "session_id",
+    "root_session_id",
+    "request_index",
+    "start_ns",
+    "ttft_ms",
+    "prompt_tokens",
+    "server_prompt_tokens",
+    "cached_tokens",
+    "ideal_cached_tokens",
+    "lru_cached_tokens",
+    "missed_tokens",
+)
+
+
+def trace_blocks(trace: Trace) -> dict[tuple[str, int], tuple[str, HashIds]]:
+    """(session_id, request_index) → (cache namespace, hash ids) for every request.
+
+    The namespace is the root session for ``hash_id_scope: "local"`` and one shared
+    namespace for ``"global"`` (the same rule as ``traces.stats``).
+    """
+    out: dict[tuple[str, int], tuple[str, HashIds]] = {}
+    for root in trace.sessions:
+        ns = "" if root.hash_id_scope == "global" else root.session_id
+        for session, index, request in root.ordered_requests():
+            out[(session.session_id, index)] = (ns, request.hash_ids)
+    return out
+
+
+def lru_cached_tokens(
+    df: pd.DataFrame,
+    trace: Trace,
+    *,
+    block_size: int,
+    capacity_tokens: int,
+    host_capacity_tokens: int | None = None,
+) -> npt.NDArray[np.float64]:
+    """LRU-estimated hit tokens per row (NaN for rows not simulated).
+
+    Formula: ``traces.cache.lru_hits`` over the rows in the run's actual start order
+    (start_ns, ties by row order), each row's trace hash ids with ``block_size``
+    tokens per block (the run's ``block_tokens``, else the trace's block size) and
+    its prompt_tokens sent. Population: rows that were sent (start_ns not null), any
+    status and warm-up included, since they all filled the server's cache; rows the
+    trace does not know are skipped.
+    """
+    blocks = trace_blocks(trace)
+    start = column(df, "start_ns")
+    order = np.argsort(start, kind="stable")
+    order = order[~np.isnan(start[order])]
+    sids = df["session_id"].astype("object").to_numpy()
+    idx = column(df, "request_index")
+    prompt = column(df, "prompt_tokens")
+    known: list[int] = []
+
+    def requests() -> Iterator[CacheRequest]:
+        for row in order.tolist():
+            hit = blocks.get((sids[row], int(idx[row])))
+            if hit is not None:
+                known.append(row)
+                yield hit[0], hit[1], int(prompt[row])
+
+    hits = lru_hits(
+        requests(),
+        block_size=block_size,
+        capacity_tokens=capacity_tokens,
+        host_capacity_tokens=host_capacity_tokens,
+    )
+    out = np.full(len(df), NAN)
+    out[np.asarray(known, dtype=np.int64)] = hits
+    return out
+
+
+def request_cache(
+    df: pd.DataFrame, lru: npt.NDArray[np.float64] | None = None
+) -> pd.DataFrame:
+    """Per request: cached (server), ideal and LRU hit tokens, and the miss.
+
+    ``missed_tokens`` = ideal_cached_tokens - cached_tokens, null where the server
+    did not report cached_tokens. Population: ok, measured rows.
+    """
+    keep = measured_ok(df)
+    cached = column(df, "cached_tokens")
+    ideal = column(df, "ideal_cached_tokens")
+    out = pd.DataFrame(
+        {
+            "session_id": df["session_id"].astype("object").to_numpy()[keep],
+            "root_session_id": df["root_session_id"].astype("object").to_numpy()[keep],
+            "request_index": column(df, "request_index")[keep],
+            "start_ns": column(df, "start_ns")[keep],
+            "ttft_ms": column(df, "ttft_ns")[keep] / 1e6,
+            "prompt_tokens": column(df, "prompt_tokens")[keep],
+            "server_prompt_tokens": server_prompt(df)[keep],
+            "cached_tokens": cached[keep],
+            "ideal_cached_tokens": ideal[keep],
+            "lru_cached_tokens": (lru if lru is not None else np.full(len(df), NAN))[
+                keep
+            ],
+            "missed_tokens": (ideal - cached)[keep],
+        }
+    )
+    return out[list(REQUEST_COLUMNS)]
+
+
+def _rate(num: pd.Series, den: pd.Series) -> float:
+    ok = num.notna()
+    d = float(den[ok].sum())
+    return float(num[ok].sum()) / d if ok.any() and d > 0 else NAN
+
+
+def tree_cache(requests: pd.DataFrame) -> pd.DataFrame:
+    """Hit rates per session tree from :func:`request_cache` rows.
+
+    ``server`` = Σ cached / Σ server prompt over rows reporting cached_tokens (NaN if
+    none); ``ideal`` = Σ ideal / Σ prompt_tokens; ``lru`` = Σ LRU hits / Σ
+    prompt_tokens over simulated rows. Population: the tree's ok, measured rows.
+    """
+    out = []
+    for root, g in requests.groupby("root_session_id", sort=True):
+        out.append(
+            {
+                "root_session_id": root,
+                "requests": len(g),
+                "server": _rate(g["cached_tokens"], g["server_prompt_tokens"]),
+                "ideal": _rate(g["ideal_cached_tokens"], g["prompt_tokens"]),
+                "lru": _rate(g["lru_cached_tokens"], g["prompt_tokens"]),
+            }
+        )
+    cols = ["root_session_id", "requests", "server", "ideal", "lru"]
+    return pd.DataFrame(out, columns=cols)
+
+
+def miss_impact(requests: pd.DataFrame, *, tolerance_tokens: int) -> dict[str, Any]:
+    """Which requests missed what the trace allowed, and how much P90 TTFT they explain.
+
+    A miss: missed_tokens ≥ ``tolerance_tokens`` (one block: servers cache whole
+    blocks of their own size, so a smaller shortfall is rounding). Population: rows
+    of :func:`request_cache` that report cached_tokens (all figures null when none
+    does). ``ttft_p90_ms_full_hit``/``_with_miss``: P90 TTFT of rows without/with a
+    miss; ``slow_with_miss_fraction``: of rows with TTFT at or above the P90, the
+    share with a miss; ``slow_missed_tokens_fraction``: their share of all missed
+    tokens.
+    """
+    rep = requests[requests["cached_tokens"].notna()]
+    if rep.empty:
+        return {
+            "requests_reporting": 0,
+            "requests_with_miss": None,
+            "missed_tokens": None,
+            "ttft_p90_ms_full_hit": NAN,
+            "ttft_p90_ms_with_miss": NAN,
+            "slow_with_miss_fraction": NAN,
+        }
+    missed = rep["missed_tokens"].clip(lower=0)
+    miss = (missed >= tolerance_tokens).to_numpy()
+    ttft = rep["ttft_ms"].to_numpy()
+    p90 = percentile(ttft, 90)
+    slow = ttft >= p90
+    return {
+        "requests_reporting": len(rep),
+        "requests_with_miss": int(miss.sum()),
+        "missed_tokens": float(missed[miss].sum()),
+        "ttft_p90_ms": p90,
+        "ttft_p90_ms_full_hit": percentile(ttft[~miss], 90),
+        "ttft_p90_ms_with_miss": percentile(ttft[miss], 90),
+        "slow_with_miss_fraction": float(miss[slow].mean()) if slow.any() else NAN,
+    }

@@ -1,0 +1,180 @@
+"""``summarize(run) -> Summary``: the headline figures of one run, the
+``replayer analyze --json`` contract.
+
+Pure: the run (and, for the LRU estimate, its trace) come in as arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from analysis import metrics as m
+from analysis.cache import lru_cached_tokens, miss_impact, request_cache
+from analysis.load import AnalysisError, Run, block_tokens_of
+from analysis.sessions import session_trees
+from traces.model import Trace
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Summary:
+    """Headline figures of one run; :meth:`as_dict` is the ``analyze --json`` object.
+
+    Latencies in ms (mean/p50/p90/p99/count), rates in tok/s, hit rates in [0, 1];
+    NaN means "unavailable" and becomes null in JSON.
+    """
+
+    run: dict[str, Any]  # path, run_id, model, endpoint, mode, labels, complete ...
+    counts: dict[str, Any]  # requests, ok, errors{status: n}, warmup, measured_ok
+    ttft_ms: dict[str, float]
+    tpot_ms: dict[str, float]
+    itl_ms: dict[str, float]
+    e2e_ms: dict[str, float]
+    interactivity_tok_s: dict[str, float]  # p50, p90 (p90 = the slow end)
+    e2e_norm_interactivity_tok_s: float
+    throughput_tok_s: dict[str, Any]  # input, output, total, requests, per_gpu?
+    dispatch_lag_ms: dict[str, float]
+    cache_hit_rate: dict[str, Any]  # server, ideal, prometheus, lru? (+ capacity)
+    cache_misses: dict[str, Any]
+    session_trees: dict[str, Any]
+    goodput: dict[str, Any] | None = None
+    gpus: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (NaN left as NaN; ``cli.echo_json`` prints null)."""
+        out: dict[str, Any] = {
+            "run": self.run,
+            **self.counts,
+            "ttft_ms": self.ttft_ms,
+            "tpot_ms": self.tpot_ms,
+            "itl_ms": self.itl_ms,
+            "e2e_ms": self.e2e_ms,
+            "interactivity_tok_s": self.interactivity_tok_s,
+            "e2e_norm_interactivity_tok_s": self.e2e_norm_interactivity_tok_s,
+            "throughput_tok_s": self.throughput_tok_s,
+            "dispatch_lag_ms": self.dispatch_lag_ms,
+            "cache_hit_rate": self.cache_hit_rate,
+            "cache_misses": self.cache_misses,
+            "session_trees": self.session_trees,
+            "gpus": self.gpus,
+        }
+        if self.goodput is not None:
+            out["goodput"] = self.goodput
+        return out
+
+
+def _run_info(run: Run) -> dict[str, Any]:
+    meta = run.meta
+    return {
+        "path": str(run.path),
+        "name": run.name,
+        "run_id": meta.get("run_id"),
+        "model": meta.get("model"),
+        "endpoint": meta.get("endpoint"),
+        "api": meta.get("api"),
+        "simulated": meta.get("simulated"),
+        "mode": meta.get("mode"),
+        "labels": meta.get("labels"),
+        "duration_s": meta.get("duration_s"),
+        "complete": run.complete,
+        "problems": list(run.problems),
+    }
+
+
+def _gpus(run: Run, gpus: int | None) -> int | None:
+    if gpus is not None:
+        return gpus
+    label = (run.meta.get("labels") or {}).get("gpus")
+    return int(label) if isinstance(label, int | float) and label > 0 else None
+
+
+def _trees(run: Run) -> dict[str, Any]:
+    trees = session_trees(run.requests)
+    measured = trees[~trees["warmup"].astype(bool)] if not trees.empty else trees
+    wall = measured["wall_ms"].to_numpy(dtype=float)
+    join = measured["join_wait_ms"].to_numpy(dtype=float)
+    total_wall = float(np.nansum(wall))
+    return {
+        "trees": len(trees),
+        "measured_trees": len(measured),
+        "wall_ms": m.describe(wall),
+        "critical_path_ttft_ms": m.describe(
+            measured["critical_path_ttft_ms"].to_numpy(dtype=float)
+        ),
+        "join_wait_ms": m.describe(join),
+        "join_wait_share": float(np.nansum(join)) / total_wall
+        if total_wall > 0
+        else math.nan,
+    }
+
+
+def summarize(
+    run: Run,
+    *,
+    gpus: int | None = None,
+    slo: m.Slo | None = None,
+    kv_capacity_tokens: int | None = None,
+    host_capacity_tokens: int | None = None,
+    trace: Trace | None = None,
+) -> Summary:
+    """The headline figures of ``run`` (see each metric's population in ``metrics``).
+
+    ``gpus`` overrides run.json's ``labels.gpus`` for per-GPU throughput. With
+    ``kv_capacity_tokens`` the LRU estimate needs ``trace`` (the replayed trace).
+
+    Raises:
+        AnalysisError: an LRU estimate was asked for without the trace.
+    """
+    df = run.requests
+    gpus = _gpus(run, gpus)
+    lru = None
+    rates: dict[str, Any] = {
+        "server": m.server_hit_rate(df),
+        "ideal": m.ideal_hit_rate(df),
+        "prometheus": m.prometheus_hit_rate(run.server_metrics, run.measure_start_ns),
+    }
+    block = block_tokens_of(run, trace)
+    if kv_capacity_tokens is not None:
+        if trace is None:
+            raise AnalysisError(
+                f"{run.path}: the LRU estimate (--kv-capacity-tokens) needs the trace"
+            )
+        lru = lru_cached_tokens(
+            df,
+            trace,
+            block_size=block,
+            capacity_tokens=kv_capacity_tokens,
+            host_capacity_tokens=host_capacity_tokens,
+        )
+        keep = m.measured_ok(df) & ~np.isnan(lru)
+        denom = float(np.nansum(m.column(df, "prompt_tokens")[keep]))
+        rates["lru"] = float(lru[keep].sum()) / denom if denom > 0 else math.nan
+        rates["lru_capacity_tokens"] = kv_capacity_tokens
+        rates["lru_host_capacity_tokens"] = host_capacity_tokens
+    per_request = request_cache(df, lru)
+    lag = m.dispatch_lag_ms(df)
+    lag_p50, lag_p99 = m.percentiles(lag, [50, 99])
+    return Summary(
+        run=_run_info(run),
+        counts=m.counts(df),
+        ttft_ms=m.describe(m.ttft_ms(df)),
+        tpot_ms=m.describe(m.tpot_ms(df)),
+        itl_ms=m.describe(m.itl_ms(df)),
+        e2e_ms=m.describe(m.e2e_ms(df)),
+        interactivity_tok_s=m.interactivity_tok_s(df),
+        e2e_norm_interactivity_tok_s=m.e2e_norm_interactivity_tok_s(df),
+        throughput_tok_s=m.throughput_tok_s(df, gpus),
+        dispatch_lag_ms={
+            "mean": float(lag.mean()) if lag.size else math.nan,
+            "p50": lag_p50,
+            "p99": lag_p99,
+        },
+        cache_hit_rate=rates,
+        cache_misses=miss_impact(per_request, tolerance_tokens=block),
+        session_trees=_trees(run),
+        goodput=m.goodput(df, slo) if slo is not None else None,
+        gpus=gpus,
+    )

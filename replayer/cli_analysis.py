@@ -1,0 +1,232 @@
+"""The `analyze`, `compare` and `report` commands (registered by ``replayer.cli``).
+
+Module level imports click only; pandas, matplotlib and ``analysis`` load inside the
+commands. Expected errors become one-line messages (click.ClickException).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from analysis.load import Run
+    from analysis.metrics import Slo
+
+_RUN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+
+
+@contextmanager
+def _one_line_errors() -> Iterator[None]:
+    from replayer.errors import ReplayerError
+    from traces.errors import TraceError
+
+    try:
+        yield
+    except (ReplayerError, TraceError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _parse_slo(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> Slo | None:
+    if value is None:
+        return None
+    from analysis.metrics import parse_slo
+
+    try:
+        return parse_slo(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _summaries(
+    runs: list[Run],
+    *,
+    gpus: int | None,
+    slo: Slo | None,
+    kv_capacity_tokens: int | None,
+    host_capacity_tokens: int | None,
+    trace: Path | None,
+) -> list[dict[str, Any]]:
+    from analysis.load import load_trace_for
+    from analysis.summary import summarize
+
+    out = []
+    for run in runs:
+        tr = load_trace_for(run, trace) if kv_capacity_tokens is not None else None
+        s = summarize(
+            run,
+            gpus=gpus,
+            slo=slo,
+            kv_capacity_tokens=kv_capacity_tokens,
+            host_capacity_tokens=host_capacity_tokens,
+            trace=tr,
+        )
+        out.append(s.as_dict())
+    return out
+
+
+def _load(paths: tuple[Path, ...]) -> tuple[list[Run], list[tuple[Path, list[Run]]]]:
+    """All runs, and the sweeps among ``paths`` with their runs."""
+    from analysis.load import is_sweep, load_run, load_sweep
+
+    runs: list[Run] = []
+    sweeps: list[tuple[Path, list[Run]]] = []
+    for p in paths:
+        if is_sweep(p):
+            level_runs = list(load_sweep(p).runs)
+            sweeps.append((p, level_runs))
+            runs.extend(level_runs)
+        else:
+            runs.append(load_run(p))
+    return runs, sweeps
+
+
+_ANALYSIS_OPTIONS = (
+    click.option(
+        "--gpus",
+        type=click.IntRange(min=1),
+        help="GPUs behind the endpoint, for per-GPU throughput [run.json labels.gpus].",
+    ),
+    click.option(
+        "--slo",
+        callback=_parse_slo,
+        help="Objectives for goodput, e.g. ttft=2s,tpot=50ms,e2e=60s.",
+    ),
+    click.option(
+        "--kv-capacity-tokens",
+        type=click.IntRange(min=0),
+        help="GPU KV-cache size for the LRU hit-rate estimate (needs the trace).",
+    ),
+    click.option(
+        "--host-capacity-tokens",
+        type=click.IntRange(min=0),
+        help="Host-tier KV size for the LRU estimate (with --kv-capacity-tokens).",
+    ),
+    click.option(
+        "--trace",
+        type=click.Path(exists=True, path_type=Path),
+        help="The replayed trace, if run.json's trace.path moved.",
+    ),
+)
+
+
+def _with_analysis_options(fn: Any) -> Any:
+    for option in reversed(_ANALYSIS_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+@click.command("analyze")
+@click.argument("run_dirs", nargs=-1, required=True, type=_RUN_DIR)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_with_analysis_options
+def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
+    """Summaries of RUN_DIRS (run directories or sweep folders).
+
+    With one run, --json prints its summary object; with several (or a sweep) it
+    prints {"runs": [summary, ...]} plus "sweeps": [{"path", "levels": [...]}] with
+    each level's Pareto flag.
+    """
+    from analysis.sweep import sweep_table
+    from analysis.text import format_summaries, format_sweep
+    from replayer.cli import echo_json
+
+    with _one_line_errors():
+        runs, sweeps = _load(run_dirs)
+        summaries = _summaries(runs, **options)
+    by_path = {s["run"]["path"]: s for s in summaries}
+    tables = [
+        (p, sweep_table([by_path[str(r.path)] for r in level_runs]))
+        for p, level_runs in sweeps
+    ]
+    if as_json:
+        if len(summaries) == 1 and not sweeps:
+            echo_json(summaries[0])
+            return
+        echo_json(
+            {
+                "runs": summaries,
+                "sweeps": [
+                    {"path": str(p), "levels": t.to_dict(orient="records")}
+                    for p, t in tables
+                ],
+            }
+        )
+        return
+    click.echo(format_summaries(summaries))
+    for p, table in tables:
+        click.echo(f"\nsweep {p} (* = on the Pareto front)")
+        click.echo(format_sweep(table))
+
+
+@click.command("compare")
+@click.argument("run_a", type=_RUN_DIR)
+@click.argument("run_b", type=_RUN_DIR)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option(
+    "--resamples", type=click.IntRange(min=100), default=1000, show_default=True
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+def compare(run_a: Path, run_b: Path, as_json: bool, resamples: int, seed: int) -> None:
+    """B against A: deltas of headline figures with 95% bootstrap CIs and a verdict
+    (better / worse / no clear difference) for B."""
+    from analysis.compare import compare_runs
+    from analysis.load import load_run
+    from analysis.text import format_comparison
+    from replayer.cli import echo_json
+
+    with _one_line_errors():
+        a, b = load_run(run_a), load_run(run_b)
+        rows = compare_runs(a.requests, b.requests, resamples=resamples, seed=seed)
+    if as_json:
+        echo_json(
+            {
+                "a": str(run_a),
+                "b": str(run_b),
+                "resamples": resamples,
+                "seed": seed,
+                "confidence": 0.95,
+                "figures": rows,
+            }
+        )
+        return
+    click.echo(f"A = {run_a}\nB = {run_b}")
+    click.echo(format_comparison(rows))
+
+
+@click.command("report")
+@click.argument("run_dirs", nargs=-1, required=True, type=_RUN_DIR)
+@click.option(
+    "-o",
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The HTML file to write.",
+)
+@_with_analysis_options
+def report(run_dirs: tuple[Path, ...], out: Path, **options: Any) -> None:
+    """One self-contained HTML report (tables and plots) of RUN_DIRS."""
+    from analysis.report import render_html
+    from analysis.sweep import sweep_table
+
+    with _one_line_errors():
+        runs, sweeps = _load(run_dirs)
+        summaries = _summaries(runs, **options)
+        by_path = {s["run"]["path"]: s for s in summaries}
+        sweep = (
+            sweep_table([by_path[str(r.path)] for r in sweeps[0][1]])
+            if sweeps
+            else None
+        )
+        page = render_html(runs, summaries, sweep=sweep)
+    try:
+        out.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise click.ClickException(f"{out}: cannot write: {exc}") from exc
+    click.echo(f"wrote {out} ({len(runs)} run(s))")

@@ -1,0 +1,64 @@
+"""Session-tree roll-ups on a hand-built tree (times in ms)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pandas as pd
+import pytest
+
+from analysis.load import records_frame
+from analysis.sessions import session_trees
+from replayer.records import RequestRecord, records_to_table
+
+MS = 1_000_000
+
+
+@pytest.fixture
+def tree(rec: Callable[..., RequestRecord]) -> pd.DataFrame:
+    def r(sid: str, idx: int, start: int, end: int, ttft: int, **kw: object):
+        depth = sid.count("/")
+        parent = sid.rsplit("/", 1)[0] if depth else None
+        root = sid.split("/", 1)[0]
+        return rec(
+            session_id=sid, root_session_id=root, parent_session_id=parent,
+            agent_depth=depth, request_index=idx, start_ns=start * MS,
+            end_ns=end * MS, ttft_ns=ttft * MS, **kw,
+        )  # fmt: skip
+
+    rows = [
+        r("R", 0, 0, 1000, 100),
+        r("R", 1, 5000, 6000, 200),  # waits for A and B (joined here)
+        r("R", 2, 6500, 7000, 50),
+        r("R/A", 0, 1100, 2000, 300),
+        r("R/A", 1, 2100, 4000, 400),  # waits for A1
+        r("R/A/A1", 0, 2010, 2090, 5),
+        r("R/B", 0, 1200, 3000, 1000),  # ends before A: off the critical path
+        r("R/C", 0, 5500, 8000, 10),  # overlaps R's requests: background
+        r("T", 0, 100, 300, 20, warmup=True),
+    ]
+    return records_frame(records_to_table(rows))
+
+
+def test_session_trees_hand_computed(tree: pd.DataFrame) -> None:
+    t = session_trees(tree).set_index("root_session_id")
+    assert sorted(t.index) == ["R", "T"]
+    r = t.loc["R"]
+    assert r["requests"] == 8
+    assert r["sessions"] == 5
+    assert r["subagent_requests"] == 5
+    assert r["wall_ms"] == pytest.approx(8000.0)  # 0 → C's end at 8000
+    # R blocked from its request 0's end (1000) until A ended (4000).
+    assert r["join_wait_ms"] == pytest.approx(3000.0)
+    # R's own 100 + 200 + 50, + A's 300 + 400, + A1's 5 (A's join); not B, not C.
+    assert r["critical_path_ttft_ms"] == pytest.approx(1055.0)
+    assert not r["warmup"]
+    s = t.loc["T"]
+    assert s["wall_ms"] == pytest.approx(200.0)
+    assert s["critical_path_ttft_ms"] == pytest.approx(20.0)
+    assert s["join_wait_ms"] == pytest.approx(0.0)
+    assert s["warmup"]
+
+
+def test_session_trees_empty(tree: pd.DataFrame) -> None:
+    assert session_trees(tree.iloc[0:0]).empty
