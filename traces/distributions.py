@@ -196,7 +196,7 @@ def dist_from_dict(obj: object, name: str) -> Distribution:
 
 
 def construct(cls: type[_T], kwargs: Mapping[str, Any], what: str) -> _T:
-    """``cls(**kwargs)``; a rejected value becomes a TraceError starting with ``what``."""
+    """``cls(**kwargs)``; a rejected value becomes a TraceError led by ``what``."""
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:
