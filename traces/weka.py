@@ -151,7 +151,11 @@ def _str_list(
 
 
 def _hash_ids(
-    ctx: _Ctx, obj: Mapping[str, Any], index: str, in_tokens: int, block_size: int
+    ctx: _Ctx,
+    obj: Mapping[str, Any],
+    index: str,
+    in_tokens: int | None,
+    block_size: int,
 ) -> np.ndarray:
     raw = obj.get("hash_ids")
     if raw is None:
@@ -176,6 +180,8 @@ def _hash_ids(
         )
         return np.zeros(0, dtype=np.int64)
     n = arr.size
+    if in_tokens is None:  # `in` itself is wrong: already reported, nothing to fit
+        return arr
     full, ceil = in_tokens // block_size, -(-in_tokens // block_size)
     # Weka hashes full blocks only; Mooncake-style traces also hash the partial tail.
     if n not in (full, ceil):
@@ -191,7 +197,9 @@ def _hash_ids(
 def _parse_request(
     ctx: _Ctx, obj: Mapping[str, Any], index: str, block_size: int
 ) -> Request:
+    n_problems = len(ctx.problems)
     in_tokens = _count(ctx, obj, "in", index)
+    in_ok = len(ctx.problems) == n_problems
     out_tokens = _count(ctx, obj, "out", index)
     t = obj.get("t")
     if t is None:
@@ -205,7 +213,7 @@ def _parse_request(
     return Request(
         input_tokens=in_tokens,
         output_tokens=out_tokens,
-        hash_ids=_hash_ids(ctx, obj, index, in_tokens, block_size),
+        hash_ids=_hash_ids(ctx, obj, index, in_tokens if in_ok else None, block_size),
         t_s=float(t),
         think_time_s=_opt_num(ctx, obj, "think_time", index) or 0.0,
         api_time_s=_opt_num(ctx, obj, "api_time", index),
