@@ -302,9 +302,10 @@ def dispatch_lag_ms(df: pd.DataFrame) -> FloatArray:
     """Client dispatch lag per request, ms: how late the replayer sent it.
 
     Formula: (start_ns - scheduled_ns) / 1e6. Population: measured rows that were
-    sent (start_ns not null), any status.
+    sent (start_ns not null, status not "skipped"), any other status.
     """
-    v = (column(df, "start_ns") - column(df, "scheduled_ns"))[~is_warmup(df)]
+    keep = ~is_warmup(df) & ~has_status(df, "skipped")
+    v = (column(df, "start_ns") - column(df, "scheduled_ns"))[keep]
     return v[~np.isnan(v)] / _NS_PER_MS
 
 

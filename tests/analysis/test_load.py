@@ -1,0 +1,108 @@
+"""Loading run directories, crashed ones included, and sweep folders."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from analysis.load import AnalysisError, load_run, load_runs, load_sweep
+from replayer.records import RECORD_SCHEMA, RequestRecord
+
+
+def test_load_run_reads_all_parts_with_schema_dtypes(
+    tmp_path: Path,
+    rec: Callable[..., RequestRecord],
+    make_run_dir: Callable[..., Path],
+) -> None:
+    rows = [rec(request_index=i, cached_tokens=None if i % 2 else 5) for i in range(5)]
+    run = load_run(make_run_dir(tmp_path / "r", rows, parts=3))
+    df = run.requests.sort_values("request_index")  # part files: any row order
+    assert list(df.columns) == RECORD_SCHEMA.names
+    assert len(df) == 5
+    assert str(df["start_ns"].dtype) == "Int64"
+    assert df["cached_tokens"].isna().tolist() == [False, True, False, True, False]
+    assert str(df["status"].dtype) == "category"
+    assert run.meta["run_id"] == "run-test"
+    assert run.complete
+    assert run.server_metrics.empty
+    assert run.problems == ()
+
+
+def test_load_run_column_subset(
+    tmp_path: Path,
+    rec: Callable[..., RequestRecord],
+    make_run_dir: Callable[..., Path],
+) -> None:
+    run = load_run(make_run_dir(tmp_path / "r", [rec()]), columns=["status"])
+    assert list(run.requests.columns) == ["status"]
+    with pytest.raises(AnalysisError, match="unknown request column"):
+        load_run(tmp_path / "r", columns=["nope"])
+
+
+def test_load_run_missing_or_not_a_run(tmp_path: Path) -> None:
+    with pytest.raises(AnalysisError, match="no such run directory"):
+        load_run(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AnalysisError, match="not a run directory"):
+        load_run(tmp_path / "empty")
+
+
+def test_load_run_tolerates_a_crashed_run(
+    tmp_path: Path,
+    rec: Callable[..., RequestRecord],
+    make_run_dir: Callable[..., Path],
+) -> None:
+    """kill -9: no run.json, a truncated last part file, no end time."""
+    meta = {"run_id": "crashed", "end_unix_ns": None, "measure_start_ns": 0}
+    path = make_run_dir(
+        tmp_path / "r",
+        [rec(request_index=i) for i in range(4)],
+        meta=meta,
+        parts=2,
+        write_run_json=False,
+    )
+    (path / "requests" / "part-9-99999.parquet").write_bytes(b"PAR1 truncated")
+    run = load_run(path)
+    assert len(run.requests) == 4
+    assert run.meta["run_id"] == "crashed"  # from the part files' metadata
+    assert not run.complete
+    assert any("part-9-99999.parquet: unreadable" in p for p in run.problems)
+
+
+def test_load_run_corrupt_run_json_falls_back(
+    tmp_path: Path,
+    rec: Callable[..., RequestRecord],
+    make_run_dir: Callable[..., Path],
+) -> None:
+    path = make_run_dir(tmp_path / "r", [rec()])
+    (path / "run.json").write_text("{not json")
+    run = load_run(path)
+    assert run.meta["run_id"] == "run-test"
+    assert any("run.json" in p for p in run.problems)
+
+
+def test_load_run_zero_rows(tmp_path: Path, make_run_dir: Callable[..., Path]) -> None:
+    run = load_run(make_run_dir(tmp_path / "r", [], parts=2))
+    assert run.requests.empty
+    assert list(run.requests.columns) == RECORD_SCHEMA.names
+
+
+def test_load_sweep_and_runs(
+    tmp_path: Path,
+    rec: Callable[..., RequestRecord],
+    make_sweep_dir: Callable[..., Path],
+    make_run_dir: Callable[..., Path],
+) -> None:
+    sweep = make_sweep_dir(tmp_path / "sw", {"c1": [rec()], "c2": [rec(), rec()]})
+    loaded = load_sweep(sweep)
+    assert loaded.levels == ("c1", "c2")
+    assert [len(r.requests) for r in loaded.runs] == [1, 2]
+    assert loaded.runs[1].meta["mode"]["concurrency"] == 2
+    single = make_run_dir(tmp_path / "one", [rec()])
+    assert [r.name for r in load_runs([sweep, single])] == ["c1", "c2", "one"]
+    (sweep / "sweep.json").write_text(json.dumps({"levels": "c1"}))
+    with pytest.raises(AnalysisError, match=r"sweep\.json"):
+        load_sweep(sweep)
