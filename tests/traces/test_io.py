@@ -16,7 +16,7 @@ from traces import TraceError, read_trace, write_trace
 from traces.model import Trace
 
 _SETTINGS = settings(
-    max_examples=30,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )

@@ -201,7 +201,7 @@ def _reference_hits(trace: Trace) -> dict[tuple[str, int], int]:
 
 
 @settings(
-    max_examples=30,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
