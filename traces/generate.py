@@ -303,7 +303,7 @@ def _layout(
     want = round(config.subagent_session_fraction * sessions)
     # Exactly `want` trees get subagents, chosen at random among those big enough.
     order = rng.permutation(sessions)
-    eligible = order[totals[order] >= 2]
+    eligible = order[totals[order] >= 3]  # room for a spawn, a subagent and a join
     with_sub = set(eligible[:want].tolist())
     lay = _Layout()
     for tree in range(sessions):
