@@ -114,23 +114,22 @@ def test_cli_trace_convert_then_stats_agree(weka_dir: Path, tmp_path: Path) -> N
     assert a == b
 
 
+def _run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "replayer", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in done.stdout + done.stderr
+    return done
+
+
 def test_cli_trace_real_subprocess(tmp_path: Path) -> None:
     folder = _bad_folder(tmp_path)
-    bad = subprocess.run(
-        [sys.executable, "-m", "replayer", "trace", "validate", str(folder)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    bad = _run("trace", "validate", folder)
     assert bad.returncode == 1
-    assert "Traceback" not in bad.stdout + bad.stderr
     assert len(bad.stdout.splitlines()) == 4
-    stats = subprocess.run(
-        [sys.executable, "-m", "replayer", "trace", "stats", str(folder)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    stats = _run("trace", "stats", folder)
     assert stats.returncode == 2
-    assert "Traceback" not in stats.stdout + stats.stderr
     assert len(stats.stderr.strip().splitlines()) == 1
