@@ -21,7 +21,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextmanager
-def _errors_as_messages() -> Iterator[None]:
+def errors_as_messages() -> Iterator[None]:
     """Turn expected errors into `Error: <one line>` and exit status 2."""
     from replayer.errors import ReplayerError
     from traces.errors import TraceError
@@ -75,7 +75,7 @@ def trace_stats_cmd(path: Path, as_json: bool) -> None:
     from traces.io import read_trace
     from traces.stats import trace_stats
 
-    with _errors_as_messages():
+    with errors_as_messages():
         stats = trace_stats(read_trace(path))
     if as_json:
         echo_json(stats.as_dict())
@@ -119,7 +119,7 @@ def trace_validate_cmd(path: Path) -> None:
     """Check the trace at PATH; print every problem, one per line; exit 1 if any."""
     from traces.io import check_trace
 
-    with _errors_as_messages():
+    with errors_as_messages():
         loaded, problems = check_trace(path)
     for problem in problems:
         click.echo(str(problem))
@@ -147,7 +147,7 @@ def trace_convert_cmd(path: Path, out: Path) -> None:
     """Convert the trace at PATH to native JSONL or a Parquet trace store."""
     from traces.io import read_trace, write_trace
 
-    with _errors_as_messages():
+    with errors_as_messages():
         loaded = read_trace(path)
         write_trace(loaded, out)
     click.echo(
@@ -161,6 +161,7 @@ def _register_subcommands() -> None:
 
     for module, names in (
         ("replayer.sim.cli", ("sim",)),
+        ("replayer.cli_run", ("run", "sweep", "demo")),
         ("replayer.cli_generate", ("generate",)),
         ("replayer.cli_analysis", ("analyze", "compare", "report")),
     ):

@@ -1,4 +1,6 @@
-"""Exceptions that stop a run (trace errors live in ``traces.errors``). Per-request failures are *not* exceptions; they are rows.
+"""Exceptions that stop a run (trace errors live in ``traces.errors``).
+
+Per-request failures are *not* exceptions; they are rows.
 
 * ReplayerError
   x EndpointError      server unreachable or model missing at the startup check
@@ -7,6 +9,7 @@
 """
 
 from __future__ import annotations
+
 
 class ReplayerError(Exception):
     """Root of every error the command line turns into a one-line message."""

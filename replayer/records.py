@@ -37,7 +37,9 @@ class RequestRecord:
     tpot_ns: int | None = None  # (e2e - ttft) / (output_tokens - 1); None if < 2 tokens
     itl_mean_ns: int | None = None  # mean gap between content chunks
     itl_max_ns: int | None = None
-    chunk_times_ns: list[int] = field(default_factory=list)  # content chunk arrivals, from start_ns
+    chunk_times_ns: list[int] = field(
+        default_factory=list
+    )  # content chunk arrivals, from start_ns
     trace_input_tokens: int  # the trace's `in`
     prompt_tokens: int  # tokens we sent (after --block-tokens / --max-input-tokens)
     dropped_input_tokens: int = 0  # trimmed by --max-input-tokens

@@ -1,0 +1,528 @@
+"""`replayer run`, `replayer sweep` and `replayer demo`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _replay_options(f: F) -> F:
+    """The options shared by `run` and `sweep`."""
+    options = [
+        click.option(
+            "--endpoint",
+            envvar="REPLAYER_ENDPOINT",
+            metavar="URL",
+            help="Base URL of the OpenAI-compatible server. Without it, the "
+            "built-in simulated endpoint is started (and stopped after).",
+        ),
+        click.option(
+            "--model",
+            metavar="NAME",
+            help="Model name to request. Default: the first one the server lists.",
+        ),
+        click.option(
+            "--api",
+            type=click.Choice(["chat", "completions"]),
+            default="completions",
+            show_default=True,
+            help="completions sends token ids (exact counts); chat sends "
+            "text messages (system + accumulated user/assistant).",
+        ),
+        click.option(
+            "--session-rate",
+            type=click.FloatRange(min=0, min_open=True),
+            help="Session trees per second (Poisson or gamma arrivals).",
+        ),
+        click.option(
+            "--arrival",
+            type=click.Choice(["poisson", "gamma"]),
+            default="poisson",
+            show_default=True,
+        ),
+        click.option(
+            "--burstiness",
+            type=click.FloatRange(min=0, min_open=True),
+            default=1.0,
+            show_default=True,
+            help="Gamma shape for --arrival gamma (1 = Poisson).",
+        ),
+        click.option(
+            "--timestamps",
+            is_flag=True,
+            help="Start each session at its trace arrival time (Mooncake).",
+        ),
+        click.option(
+            "--speedup",
+            type=click.FloatRange(min=0, min_open=True),
+            default=1.0,
+            show_default=True,
+            help="Trace time / replay time with --timestamps.",
+        ),
+        click.option(
+            "--think-scale",
+            type=click.FloatRange(min=0),
+            default=1.0,
+            show_default=True,
+            help="Multiplies the trace's think gaps.",
+        ),
+        click.option(
+            "--think-cap",
+            "think_cap_s",
+            type=click.FloatRange(min=0),
+            help="Caps each (scaled) think gap, seconds.",
+        ),
+        click.option(
+            "--warmup",
+            "warmup_s",
+            type=click.FloatRange(min=0),
+            default=0.0,
+            show_default=True,
+            help="Rows started in the first S seconds are flagged warm-up.",
+        ),
+        click.option(
+            "--duration",
+            "duration_s",
+            type=click.FloatRange(min=0, min_open=True),
+            help="Stop starting new requests after S seconds.",
+        ),
+        click.option(
+            "--drain",
+            type=click.Choice(["finish", "cancel"]),
+            default="finish",
+            show_default=True,
+            help="At --duration end: let in-flight requests finish, or cancel.",
+        ),
+        click.option(
+            "--loop",
+            is_flag=True,
+            help="Start the trace over when exhausted (needs --duration).",
+        ),
+        click.option("--salt", help="Cache-bust salt (default: a fresh one per run)."),
+        click.option(
+            "--no-cache-bust",
+            is_flag=True,
+            help="Same prompt content in every run (runs share server cache).",
+        ),
+        click.option(
+            "--block-tokens",
+            type=click.IntRange(min=1),
+            help="Tokens per materialized hash block (shrinks contexts, keeps "
+            "the prefix structure).",
+        ),
+        click.option(
+            "--max-input-tokens",
+            type=click.IntRange(min=1),
+            help="Cut prompts longer than this (from the end); counted per row.",
+        ),
+        click.option(
+            "--token-range",
+            default="1000-30000",
+            show_default=True,
+            help="Token ids used for prompt content (MIN-MAX, MAX exclusive).",
+        ),
+        click.option(
+            "--no-vllm-extras",
+            is_flag=True,
+            help="Do not send ignore_eos/min_tokens (servers that reject them).",
+        ),
+        click.option(
+            "--no-keepalive", is_flag=True, help="A new connection per request."
+        ),
+        click.option(
+            "--connect-timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            default=10.0,
+            show_default=True,
+        ),
+        click.option(
+            "--read-timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            default=300.0,
+            show_default=True,
+            help="Max seconds between two chunks of a response.",
+        ),
+        click.option(
+            "--request-timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            help="Total seconds per request (default: none).",
+        ),
+        click.option(
+            "--max-inflight",
+            type=click.IntRange(min=1),
+            help="Cap on requests in flight.",
+        ),
+        click.option(
+            "--api-key-env",
+            default="OPENAI_API_KEY",
+            show_default=True,
+            metavar="NAME",
+            help="Environment variable holding the API key (never recorded).",
+        ),
+        click.option(
+            "--label",
+            "labels",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Free-form run label (repeatable).",
+        ),
+        click.option("--engine", help="Label: serving engine (vllm, sglang, ...)."),
+        click.option("--engine-version", help="Label: engine version."),
+        click.option(
+            "--tp", type=click.IntRange(min=1), help="Label: tensor parallel size."
+        ),
+        click.option(
+            "--ep", type=click.IntRange(min=1), help="Label: expert parallel size."
+        ),
+        click.option("--gpus", type=click.IntRange(min=1), help="Label: GPU count."),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option(
+            "--workers",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="Worker processes (sessions sharded; one start barrier).",
+        ),
+        click.option(
+            "--ray",
+            "ray_address",
+            metavar="ADDR",
+            help="Run workers as Ray actors on this cluster.",
+        ),
+        click.option(
+            "--sim-args",
+            default="",
+            metavar="ARGS",
+            help="Options for the built-in simulator, e.g. '--speed 10'.",
+        ),
+        click.option("--quiet", is_flag=True, help="No progress line."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _parse_range(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split("-", 1))
+    except ValueError:
+        raise click.BadParameter(f"expected MIN-MAX, got {text!r}") from None
+    if not 0 <= lo < hi:
+        raise click.BadParameter(f"expected 0 <= MIN < MAX, got {text!r}")
+    return lo, hi
+
+
+def _labels(opts: dict[str, Any]) -> dict[str, Any]:
+    labels: dict[str, Any] = {
+        "engine": opts["engine"],
+        "engine_version": opts["engine_version"],
+        "tp": opts["tp"],
+        "ep": opts["ep"],
+        "gpus": opts["gpus"],
+    }
+    for item in opts["labels"]:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(
+                f"expected KEY=VALUE, got {item!r}", param_hint="--label"
+            )
+        labels[key] = value
+    return labels
+
+
+def build_config(
+    opts: dict[str, Any], *, endpoint: str, model: str, concurrency: int | None
+) -> Any:
+    """A ReplayConfig from parsed options."""
+    from replayer.config import EndpointConfig, ReplayConfig
+    from traces.materialize import PromptConfig
+
+    modes = [
+        opts.get("timestamps"),
+        opts.get("session_rate") is not None,
+        concurrency is not None,
+    ]
+    if sum(bool(m) for m in modes) > 1:
+        raise click.UsageError(
+            "use one of --concurrency, --session-rate and --timestamps"
+        )
+    mode = (
+        "timestamps"
+        if opts.get("timestamps")
+        else "session_rate"
+        if opts.get("session_rate") is not None
+        else "concurrency"
+    )
+    lo, hi = _parse_range(opts["token_range"])
+    from replayer.run import new_run_id
+
+    salt = "" if opts["no_cache_bust"] else opts["salt"] or new_run_id()
+    api_key = os.environ.get(opts["api_key_env"]) or None
+    return ReplayConfig(
+        endpoint=EndpointConfig(
+            base_url=endpoint,
+            model=model,
+            api=opts["api"],
+            api_key=api_key,
+            connect_timeout_s=opts["connect_timeout"],
+            read_timeout_s=opts["read_timeout"],
+            total_timeout_s=opts["request_timeout"],
+            vllm_extras=not opts["no_vllm_extras"],
+            keepalive=not opts["no_keepalive"],
+        ),
+        prompt=PromptConfig(
+            api=opts["api"],
+            salt=salt,
+            token_min=lo,
+            token_max=hi,
+            block_tokens=opts["block_tokens"],
+            max_input_tokens=opts["max_input_tokens"],
+        ),
+        mode=mode,
+        concurrency=concurrency or 1,
+        session_rate=opts.get("session_rate"),
+        arrival=opts["arrival"],
+        burstiness=opts["burstiness"],
+        speedup=opts["speedup"],
+        think_scale=opts["think_scale"],
+        think_cap_s=opts["think_cap_s"],
+        warmup_s=opts["warmup_s"],
+        duration_s=opts["duration_s"],
+        drain=opts["drain"],
+        loop=opts["loop"],
+        seed=opts["seed"],
+        max_inflight=opts["max_inflight"],
+        labels=_labels(opts),
+        workers=opts["workers"],
+    )
+
+
+@contextlib.contextmanager
+def _endpoint(opts: dict[str, Any]) -> Iterator[tuple[str, bool]]:
+    """The endpoint URL to use, starting the simulator when none was given."""
+    if opts["endpoint"]:
+        yield opts["endpoint"], False
+        return
+    from replayer.simproc import running_sim
+
+    with running_sim(shlex.split(opts["sim_args"])) as url:
+        yield url, True
+
+
+async def _served_model(endpoint: str, api_key: str | None) -> str:
+    import aiohttp
+
+    from replayer.client import Client
+    from replayer.clock import MonotonicClock
+    from replayer.config import EndpointConfig
+    from replayer.errors import EndpointError
+
+    cfg = EndpointConfig(base_url=endpoint, model="?", api_key=api_key)
+    async with Client(cfg, MonotonicClock(), limit=1) as client:
+        models = await client.check()
+    del aiohttp
+    if not models:
+        raise EndpointError(f"{endpoint} lists no models; pass --model")
+    return models[0]
+
+
+def _run_async(coro_factory: Callable[[], Any]) -> Any:
+    """asyncio.run with SIGTERM treated like Ctrl-C (cancel, flush, exit 130)."""
+
+    async def main() -> Any:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        if task is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        return await coro_factory()
+
+    return asyncio.run(main())
+
+
+def _interrupted(run_dir: Path | None) -> None:
+    where = f"; partial run in {run_dir}" if run_dir else ""
+    click.echo(f"interrupted{where}", err=True)
+    raise SystemExit(130)
+
+
+def do_run(
+    trace_path: Path,
+    opts: dict[str, Any],
+    *,
+    concurrency: int | None,
+    out: Path | None,
+    endpoint: str,
+    simulated: bool,
+    model: str | None,
+) -> Any:
+    """Load, replay, return the RunSummary (errors propagate)."""
+    from replayer.run import new_run_id, replay_trace
+    from replayer.workers import replay_with_workers
+    from traces.io import read_trace
+
+    trace = read_trace(trace_path)
+    api_key = os.environ.get(opts["api_key_env"]) or None
+    if model is None:
+        model = _run_async(lambda: _served_model(endpoint, api_key))
+    config = build_config(opts, endpoint=endpoint, model=model, concurrency=concurrency)
+    run_id = new_run_id()
+    run_dir = out or Path("runs") / run_id
+    if (run_dir / "requests").exists() and any((run_dir / "requests").iterdir()):
+        from replayer.errors import ConfigError
+
+        raise ConfigError(f"{run_dir}: already holds a run; choose another --out")
+    extra = {
+        "simulated": simulated,
+        "sim": {"args": opts["sim_args"]} if simulated else None,
+    }
+    progress = None if opts["quiet"] else sys.stderr
+    if opts["ray_address"]:
+        from replayer.errors import ConfigError
+
+        raise ConfigError(
+            "--ray is not available in this version; use --workers N on one machine"
+        )
+    try:
+        if config.workers > 1:
+            return replay_with_workers(
+                trace,
+                config,
+                run_dir,
+                trace_path=trace_path,
+                run_id=run_id,
+                extra_metadata=extra,
+                progress=progress is not None,
+            )
+        return _run_async(
+            lambda: replay_trace(
+                trace,
+                config,
+                run_dir,
+                trace_path=trace_path,
+                run_id=run_id,
+                progress=progress,
+                extra_metadata=extra,
+            )
+        )
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        _interrupted(run_dir)
+
+
+@click.command()
+@click.argument(
+    "trace_path", metavar="TRACE", type=click.Path(exists=True, path_type=Path)
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    help="Live session trees (default mode; default 1).",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Run directory (default: runs/<run id>).",
+)
+@_replay_options
+def run(
+    trace_path: Path, concurrency: int | None, out: Path | None, **opts: Any
+) -> None:
+    """Replay TRACE against an OpenAI-compatible endpoint; write a run directory."""
+    from replayer.cli import errors_as_messages
+
+    with errors_as_messages(), _endpoint(opts) as (endpoint, simulated):
+        summary = do_run(
+            trace_path,
+            opts,
+            concurrency=concurrency,
+            out=out,
+            endpoint=endpoint,
+            simulated=simulated,
+            model=opts["model"],
+        )
+    click.echo(summary.one_line())
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"expected a list like 1,2,4,8, got {text!r}"
+        ) from None
+    if not levels or min(levels) < 1:
+        raise click.BadParameter(f"levels must be >= 1, got {text!r}")
+    return levels
+
+
+@click.command()
+@click.argument(
+    "trace_path", metavar="TRACE", type=click.Path(exists=True, path_type=Path)
+)
+@click.option(
+    "--concurrency",
+    "levels",
+    required=True,
+    metavar="N,N,...",
+    help="Concurrency levels, one run each, e.g. 1,2,4,8.",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Sweep directory (one run directory per level).",
+)
+@_replay_options
+def sweep(trace_path: Path, levels: str, out: Path, **opts: Any) -> None:
+    """Replay TRACE once per concurrency level into SWEEP_DIR/c<N>/."""
+    from replayer.cli import errors_as_messages
+
+    names = [f"c{n}" for n in _levels(levels)]
+    with errors_as_messages(), _endpoint(opts) as (endpoint, simulated):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweep.json").write_text(json.dumps({"levels": names}, indent=2) + "\n")
+        for name in names:
+            summary = do_run(
+                trace_path,
+                {**opts, "salt": None},
+                concurrency=int(name[1:]),
+                out=out / name,
+                endpoint=endpoint,
+                simulated=simulated,
+                model=opts["model"],
+            )
+            click.echo(f"{name}: {summary.one_line()}")
+
+
+@click.command()
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("demo-run"),
+    show_default=True,
+    help="Folder for the demo trace and run directory.",
+)
+@click.option("--sessions", type=click.IntRange(min=1), default=6, show_default=True)
+@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--quiet", is_flag=True, help="No progress line.")
+def demo(out: Path, sessions: int, concurrency: int, quiet: bool) -> None:
+    """Generate a small AgentX-like trace, replay it against the built-in simulator
+    and print the P90 summary."""
+    from replayer.cli import errors_as_messages
+    from replayer.demo import run_demo
+
+    with errors_as_messages():
+        text = run_demo(out, sessions=sessions, concurrency=concurrency, quiet=quiet)
+    click.echo(text)

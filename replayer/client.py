@@ -1,0 +1,250 @@
+"""HTTP client: one aiohttp session, one streaming POST per request, every SSE event
+stamped with perf_counter_ns on arrival. Per-request failures are classified here
+(the one place with a broad except) and returned as data, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import orjson
+
+from replayer.clock import Clock
+from replayer.config import EndpointConfig
+from replayer.errors import EndpointError
+from replayer.sse import parse_event, usage_counts
+
+# Failures that happen before the server could have seen the request: safe to retry
+# once (a stale keep-alive connection closed by the server is the common case).
+_RETRYABLE_BEFORE_SEND = (
+    aiohttp.ClientConnectorError,
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientOSError,
+)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one HTTP request produced (mutable builder, private to the client)."""
+
+    start_ns: int = 0
+    first_token_ns: int | None = None
+    end_ns: int = 0
+    chunk_times_ns: list[int] = field(default_factory=list)  # offsets from start_ns
+    server_prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    status: str = "ok"
+    http_status: int | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    retries: int = 0
+    finish_reason: str | None = None
+
+    def fail(self, status: str, error_type: str, message: str) -> None:
+        self.status = status
+        self.error_type = error_type
+        self.error_message = message[:500]
+
+
+class Client:
+    """Streams requests to one endpoint.
+
+    async with Client(endpoint, clock, limit=64) as client:
+        outcome = await client.send(body_bytes)
+    """
+
+    def __init__(self, endpoint: EndpointConfig, clock: Clock, *, limit: int) -> None:
+        self.endpoint = endpoint
+        self.clock = clock
+        self._limit = max(1, limit)
+        self._session: aiohttp.ClientSession | None = None
+        self._url = endpoint.url()
+        self._headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+        }
+        if endpoint.api_key:
+            self._headers["Authorization"] = f"Bearer {endpoint.api_key}"
+
+    async def __aenter__(self) -> Client:
+        # The connector limit must cover every request in flight: aiohttp's default
+        # of 100 would queue requests inside the pool and hide that wait in TTFT.
+        connector = aiohttp.TCPConnector(
+            limit=self._limit,
+            force_close=not self.endpoint.keepalive,
+            enable_cleanup_closed=False,
+        )
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=self.endpoint.connect_timeout_s,
+            sock_read=self.endpoint.read_timeout_s,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "use Client as an async context manager"
+        return self._session
+
+    async def check(self) -> list[str]:
+        """GET /v1/models: the served model ids. Raises EndpointError if unreachable."""
+        base = self.endpoint.base_url.rstrip("/")
+        url = (base if base.endswith("/v1") else base + "/v1") + "/models"
+        headers = {k: v for k, v in self._headers.items() if k == "Authorization"}
+        try:
+            async with asyncio.timeout(self.endpoint.connect_timeout_s + 20):
+                async with self.session.get(url, headers=headers) as resp:
+                    if resp.status != 200:
+                        body = (await resp.text(errors="replace"))[:200]
+                        raise EndpointError(f"{url}: HTTP {resp.status} {body.strip()}")
+                    obj = await resp.json(loads=orjson.loads, content_type=None)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise EndpointError(
+                f"cannot reach {self.endpoint.base_url}: {_describe(exc)}"
+            ) from exc
+        except orjson.JSONDecodeError as exc:
+            raise EndpointError(f"{url}: response is not JSON") from exc
+        data = obj.get("data") if isinstance(obj, dict) else None
+        return [str(m.get("id")) for m in data or () if isinstance(m, dict)]
+
+    async def send(self, body: bytes) -> Outcome:
+        """POST ``body`` and stream the response; failures are recorded, not raised."""
+        out = Outcome()
+        for attempt in range(2):
+            out.start_ns = self.clock.now_ns()
+            try:
+                if self.endpoint.total_timeout_s is None:
+                    await self._stream(body, out)
+                else:
+                    async with asyncio.timeout(self.endpoint.total_timeout_s):
+                        await self._stream(body, out)
+            except _RETRYABLE_BEFORE_SEND as exc:
+                if out.http_status is None and attempt == 0:
+                    out.retries += 1
+                    continue
+                out.fail("client_error", type(exc).__name__, _describe(exc))
+            except TimeoutError:
+                what = "total" if self.endpoint.total_timeout_s else "read"
+                out.fail("timeout", "TimeoutError", f"{what} timeout")
+            except aiohttp.ClientError as exc:
+                out.fail("client_error", type(exc).__name__, _describe(exc))
+            except asyncio.CancelledError:
+                out.end_ns = self.clock.now_ns()
+                out.fail("cancelled", "CancelledError", "cancelled")
+                raise
+            break
+        out.end_ns = self.clock.now_ns()
+        return out
+
+    async def _stream(self, body: bytes, out: Outcome) -> None:
+        async with self.session.post(
+            self._url, data=body, headers=self._headers
+        ) as resp:
+            out.http_status = resp.status
+            if resp.status != 200:
+                text = await resp.text(errors="replace")
+                out.fail("http_error", f"HTTP {resp.status}", _error_text(text))
+                return
+            if "text/event-stream" not in resp.headers.get("Content-Type", ""):
+                await self._whole(resp, out)
+                return
+            await self._events(resp, out)
+
+    async def _events(self, resp: aiohttp.ClientResponse, out: Outcome) -> None:
+        clock = self.clock
+        start = out.start_ns
+        lines: list[bytes] = []
+        stamp = 0
+        done = False
+        content = resp.content
+        while True:
+            line = await content.readline()
+            if not line:
+                break  # EOF
+            if not lines:
+                stamp = clock.now_ns()  # the event's first byte has arrived
+            line = line.rstrip(b"\r\n")
+            if line:
+                lines.append(line)
+                continue
+            if not lines:
+                continue
+            event = parse_event(lines)
+            lines = []
+            if event.done:
+                done = True
+                break  # break eagerly: some servers keep the stream open after [DONE]
+            if event.error is not None:
+                out.fail("http_error", "stream_error", event.error)
+                return
+            if event.has_content:
+                if out.first_token_ns is None:
+                    out.first_token_ns = stamp
+                out.chunk_times_ns.append(stamp - start)
+            if event.usage is not None:
+                prompt, completion, cached = usage_counts(event.usage)
+                out.server_prompt_tokens = prompt
+                out.completion_tokens = completion
+                out.cached_tokens = cached
+            if event.finish_reason is not None:
+                out.finish_reason = event.finish_reason
+        if lines:  # a final event without its blank line
+            event = parse_event(lines)
+            done = done or event.done
+        if not done:
+            out.fail(
+                "client_error",
+                "IncompleteStream",
+                "stream ended before data: [DONE]",
+            )
+
+    async def _whole(self, resp: aiohttp.ClientResponse, out: Outcome) -> None:
+        raw = await resp.read()
+        now = self.clock.now_ns()
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            out.fail("http_error", "bad_response", f"not JSON: {raw[:200]!r}")
+            return
+        out.first_token_ns = now
+        out.chunk_times_ns.append(now - out.start_ns)
+        if isinstance(obj, dict):
+            prompt, completion, cached = usage_counts(obj.get("usage"))
+            out.server_prompt_tokens = prompt
+            out.completion_tokens = completion
+            out.cached_tokens = cached
+
+
+def _error_text(text: str) -> str:
+    with contextlib.suppress(orjson.JSONDecodeError):
+        obj: Any = orjson.loads(text)
+        if isinstance(obj, dict):
+            err = obj.get("error", obj)
+            msg = err.get("message") if isinstance(err, dict) else err
+            if msg:
+                return str(msg)[:500]
+    return text.strip()[:500]
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0][:300] if text else type(exc).__name__

@@ -1,0 +1,113 @@
+"""Scrapes the server's Prometheus ``/metrics`` during a run into
+``server_metrics.parquet`` (long format: scrape_ns, metric, labels, value)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+
+import aiohttp
+import pyarrow as pa
+import pyarrow.parquet as pq
+from prometheus_client.parser import text_string_to_metric_families
+
+from replayer.clock import Clock
+from replayer.config import EndpointConfig
+from replayer.errors import RecorderError
+
+SERVER_METRICS_SCHEMA = pa.schema(
+    [
+        ("scrape_ns", pa.int64()),  # run-relative perf-counter ns
+        ("metric", pa.string()),  # sample name, e.g. vllm:prefix_cache_hits_total
+        ("labels", pa.string()),  # JSON object
+        ("value", pa.float64()),
+    ]
+)
+
+
+def parse_metrics(text: str) -> list[tuple[str, str, float]]:
+    """(sample name, labels JSON, value) for every sample in a Prometheus text body."""
+    out: list[tuple[str, str, float]] = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = json.dumps(dict(sorted(sample.labels.items())))
+            out.append((sample.name, labels, float(sample.value)))
+    return out
+
+
+class MetricsScraper:
+    """Polls ``<base>/metrics``; stops quietly if the server has none."""
+
+    def __init__(
+        self,
+        endpoint: EndpointConfig,
+        session: aiohttp.ClientSession,
+        clock: Clock,
+        t0_ns: int,
+    ) -> None:
+        base = endpoint.base_url.rstrip("/")
+        if base.endswith("/v1"):
+            base = base[:-3]
+        self.url = base + "/metrics"
+        self.session = session
+        self.clock = clock
+        self.t0_ns = t0_ns
+        self.rows: list[tuple[int, str, str, float]] = []
+        self.available: bool | None = None
+        self.errors = 0
+
+    async def scrape_once(self) -> None:
+        now = self.clock.now_ns() - self.t0_ns
+        try:
+            async with asyncio.timeout(5.0):
+                async with self.session.get(self.url) as resp:
+                    if resp.status != 200:
+                        self.available = (
+                            False if self.available is None else self.available
+                        )
+                        self.errors += 1
+                        return
+                    text = await resp.text(errors="replace")
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            self.errors += 1
+            return
+        try:
+            samples = parse_metrics(text)
+        except ValueError:
+            self.errors += 1
+            return
+        self.available = True
+        self.rows.extend((now, name, labels, value) for name, labels, value in samples)
+
+    async def run(self, stop: asyncio.Event, interval_s: float) -> None:
+        """Scrape every ``interval_s`` until ``stop`` is set (and once more then)."""
+        while True:
+            await self.scrape_once()
+            if self.available is False or stop.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval_s):
+                    await stop.wait()
+            if stop.is_set():
+                await self.scrape_once()
+                return
+
+    def write(self, run_dir: Path) -> None:
+        """Write ``server_metrics.parquet`` (nothing when no sample was taken)."""
+        if not self.rows:
+            return
+        cols = list(zip(*self.rows, strict=True))
+        table = pa.Table.from_arrays(
+            [
+                pa.array(c, type=f.type)
+                for c, f in zip(cols, SERVER_METRICS_SCHEMA, strict=True)
+            ],
+            schema=SERVER_METRICS_SCHEMA,
+        )
+        path = run_dir / "server_metrics.parquet"
+        try:
+            pq.write_table(table, path, compression="zstd")
+        except OSError as exc:
+            raise RecorderError(f"{path}: cannot write: {exc.strerror or exc}") from exc

@@ -1,0 +1,95 @@
+"""Runs the built-in simulated endpoint as a child process (its own core, its own
+event loop) for `replayer run` without `--endpoint`, `demo` and `sweep`."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+
+from replayer.errors import EndpointError
+
+_URL = re.compile(r"https?://\S+")
+
+
+@contextlib.contextmanager
+def running_sim(
+    args: Sequence[str] = (), *, startup_timeout_s: float = 60.0
+) -> Iterator[str]:
+    """Start `replayer sim --port 0 ARGS` on loopback; yield its base URL; stop it."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "replayer",
+        "sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--accept-any-model",
+    ]
+    # Room for the largest AgentX requests (~840K tokens) unless the caller says.
+    if not any(a.startswith(("--max-model-len", "--kv-capacity-tokens")) for a in args):
+        cmd += ["--max-model-len", str(1 << 20), "--kv-capacity-tokens", str(1 << 21)]
+    cmd += list(args)
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = _read_url(proc, startup_timeout_s)
+        # Keep draining its output: a full pipe would stall the simulator.
+        for stream in (proc.stdout, proc.stderr):
+            threading.Thread(target=_drain, args=(stream,), daemon=True).start()
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _drain(stream: object) -> None:
+    with contextlib.suppress(ValueError, OSError):
+        for _ in stream:  # type: ignore[attr-defined]
+            pass
+
+
+def _read_url(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    found: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        found.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    line = found[0] if found else ""
+    match = _URL.search(line)
+    if match is None:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        err = proc.stderr.read() if proc.stderr is not None else ""
+        last = (err.strip().splitlines() or ["no output"])[-1]
+        raise EndpointError(f"the simulated endpoint did not start: {last}")
+    return match.group(0)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()

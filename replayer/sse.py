@@ -1,0 +1,109 @@
+"""Pure parsing of OpenAI-style server-sent events; no I/O.
+
+Handles what real servers send: comment lines (``: ping``), ``\\r\\n`` line ends, a
+role-only first chunk, several tokens per chunk, ``reasoning_content``/``reasoning``
+deltas, an empty-choices usage chunk, error events, and ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One parsed SSE event."""
+
+    done: bool = False  # data: [DONE]
+    has_content: bool = False  # carries generated text (content, reasoning or text)
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    error: str | None = None  # an in-stream error object's message
+
+
+DONE = Event(done=True)
+EMPTY = Event()
+
+
+def event_data(lines: list[bytes]) -> bytes | None:
+    """The data payload of an event's raw lines (comments and other fields dropped)."""
+    data: list[bytes] = []
+    for line in lines:
+        if line.startswith(b"data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(data) if data else None
+
+
+def parse_event(lines: list[bytes]) -> Event:
+    """Parse one event given its lines (without line terminators)."""
+    data = event_data(lines)
+    if data is None:
+        return EMPTY
+    data = data.strip()
+    if data == b"[DONE]":
+        return DONE
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return Event(error=f"malformed SSE data: {data[:200]!r}")
+    if not isinstance(obj, dict):
+        return EMPTY
+    return parse_chunk(obj)
+
+
+def parse_chunk(obj: dict[str, Any]) -> Event:
+    """Interpret one decoded chunk (chat or completions)."""
+    err = obj.get("error")
+    if err is not None:
+        msg = err.get("message") if isinstance(err, dict) else str(err)
+        return Event(error=str(msg)[:500])
+    usage = obj.get("usage")
+    choices = obj.get("choices") or ()
+    has_content = False
+    finish = None
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            if (
+                delta.get("content")
+                or delta.get("reasoning_content")
+                or delta.get("reasoning")
+            ):
+                has_content = True
+        elif choice.get("text"):
+            has_content = True
+        finish = choice.get("finish_reason") or finish
+    return Event(
+        has_content=has_content,
+        usage=usage if isinstance(usage, dict) else None,
+        finish_reason=finish,
+    )
+
+
+def usage_counts(
+    usage: dict[str, Any] | None,
+) -> tuple[int | None, int | None, int | None]:
+    """(prompt_tokens, completion_tokens, cached_tokens) from a usage object.
+
+    cached_tokens is None unless the server reports it (vLLM needs
+    --enable-prompt-tokens-details): absence is not zero.
+    """
+    if not usage:
+        return None, None, None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return (
+        _int_or_none(usage.get("prompt_tokens")),
+        _int_or_none(usage.get("completion_tokens")),
+        _int_or_none(cached),
+    )
+
+
+def _int_or_none(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None

@@ -1,0 +1,267 @@
+"""Prompt materialization: trace requests → request body bytes.
+
+A block is ``block_tokens`` token ids derived deterministically from (salt, namespace,
+hash id), so equal hash ids give byte-identical content and the server's prefix cache
+sees exactly the sharing the trace describes; the salt keeps separate runs (and separate
+replays of one session) apart unless asked otherwise. Each block's JSON fragment is
+encoded once and cached; a body is a join of cached bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from traces.model import Request, Session
+from traces.textrule import CHAT_TOKENS_PER_MESSAGE, word_for_token
+
+Api = Literal["chat", "completions"]
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptConfig:
+    """How prompts are built.
+
+    PromptConfig(api="completions", salt="run-42", block_tokens=16)
+    """
+
+    api: Api = "completions"
+    salt: str = ""  # cache-bust salt; "" = the same content in every run
+    token_min: int = 1000  # token ids come from [token_min, token_max): every common
+    token_max: int = 30000  # vocabulary has them, and none are special tokens
+    block_tokens: int | None = None  # tokens per materialized block; None = trace's
+    max_input_tokens: int | None = None  # prompts are cut (from the end) to this
+    cache_bytes: int = 512 << 20  # bound on cached block fragments
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.token_min < self.token_max:
+            raise ValueError(
+                f"token id range must satisfy 0 <= min < max "
+                f"(got {self.token_min}..{self.token_max})"
+            )
+        if self.block_tokens is not None and self.block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1 (got {self.block_tokens})")
+        if self.max_input_tokens is not None and self.max_input_tokens < 1:
+            raise ValueError(
+                f"max_input_tokens must be >= 1 (got {self.max_input_tokens})"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prompt:
+    """A materialized prompt: the JSON fragment for the body and its accounting."""
+
+    fragment: bytes  # `"prompt":[...]` or `"messages":[...]`
+    prompt_tokens: int  # tokens sent (by the shared text rule in chat mode)
+    dropped_tokens: int  # cut by max_input_tokens
+    blocks: int  # hashed blocks sent (full or partial)
+    block_tokens: int  # tokens per materialized block
+
+
+def _splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _key(*parts: str | int) -> int:
+    h = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little")
+
+
+class Materializer:
+    """Builds prompt fragments for trace requests; one per run (it caches blocks)."""
+
+    def __init__(self, config: PromptConfig) -> None:
+        self.config = config
+        self._cache: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._cache_bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    # -- token ids ---------------------------------------------------------------
+
+    def _tokens(self, seed: int, n: int) -> npt.NDArray[np.int64]:
+        span = self.config.token_max - self.config.token_min
+        x = np.arange(n, dtype=np.uint64) + np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
+        return (_splitmix64(x) % np.uint64(span)).astype(
+            np.int64
+        ) + self.config.token_min
+
+    def block_token_ids(
+        self, namespace: str, hash_id: int, n: int
+    ) -> npt.NDArray[np.int64]:
+        """The token ids of block ``hash_id`` (its first ``n``: a partial block is the
+        head of the full one)."""
+        return self._tokens(_key(self.config.salt, namespace, hash_id), n)
+
+    def _fragment(self, namespace: str, hash_id: int, n: int) -> bytes:
+        key = (namespace, hash_id, n)
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            self.hits += 1
+            return cached
+        self.misses += 1
+        ids = self.block_token_ids(namespace, hash_id, n)
+        frag = self._encode(ids)
+        self._cache[key] = frag
+        self._cache_bytes += len(frag)
+        while self._cache_bytes > self.config.cache_bytes and self._cache:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= len(old)
+        return frag
+
+    def _encode(self, ids: npt.NDArray[np.int64]) -> bytes:
+        if self.config.api == "completions":
+            return orjson.dumps(ids.tolist())[1:-1]
+        return " ".join(word_for_token(t) for t in ids.tolist()).encode()
+
+    # -- prompts -----------------------------------------------------------------
+
+    def block_tokens_for(self, session: Session) -> int:
+        """Tokens per materialized block for ``session``."""
+        return self.config.block_tokens or session.block_size
+
+    def sent_tokens(self, session: Session, request: Request) -> tuple[int, int]:
+        """(tokens that will be sent, tokens cut by max_input_tokens) for a request."""
+        bt = self.block_tokens_for(session)
+        n_full, tail = self._shape(session, request, bt)
+        total = n_full * bt + tail
+        cap = self.config.max_input_tokens
+        if cap is not None and total > cap:
+            return cap, total - cap
+        return total, 0
+
+    def _shape(self, session: Session, request: Request, bt: int) -> tuple[int, int]:
+        """(full blocks, tokens after them) of the prompt, in materialized tokens."""
+        bs = session.block_size
+        n_ids = request.hash_ids.size
+        hashed = min(n_ids * bs, request.input_tokens)
+        n_full = hashed // bs
+        partial = hashed - n_full * bs  # a hashed partial last block (Mooncake)
+        unhashed = request.input_tokens - hashed
+        scale = bt / bs
+        return n_full, round((partial + unhashed) * scale)
+
+    def prompt(
+        self,
+        session: Session,
+        request_index: int,
+        namespace: str,
+        *,
+        replay: int = 0,
+    ) -> Prompt:
+        """Materialize request ``request_index`` of ``session``.
+
+        ``namespace`` is the hash-id namespace (the root session id for local scope,
+        "global" otherwise); ``replay`` separates repeated replays of one session.
+        """
+        request = session.requests[request_index]
+        bt = self.block_tokens_for(session)
+        bs = session.block_size
+        ns = namespace if replay == 0 else f"{namespace}#{replay}"
+        ids = request.hash_ids.tolist()
+        n_full, tail = self._shape(session, request, bt)
+        hashed_partial = len(ids) > n_full  # the last hashed block is partial
+        total = n_full * bt + tail
+        cap = self.config.max_input_tokens
+        keep = total if cap is None else min(total, cap)
+        dropped = total - keep
+        if self.config.api == "chat":
+            return self._chat(session, request_index, ns, ids, bt, keep, dropped)
+        frags: list[bytes] = []
+        left = keep
+        for h in ids[:n_full]:
+            if left <= 0:
+                break
+            take = min(bt, left)
+            frags.append(self._fragment(ns, h, take))
+            left -= take
+        blocks = len(frags)
+        if left > 0 and hashed_partial:
+            partial = min(left, round((request.input_tokens - n_full * bs) * bt / bs))
+            if partial > 0:
+                frags.append(self._fragment(ns, ids[n_full], partial))
+                left -= partial
+                blocks += 1
+        if left > 0:
+            # The unhashed tail is unique to this request (this turn's new content).
+            seed = _key(self.config.salt, ns, session.session_id, request_index, "tail")
+            frags.append(self._encode(self._tokens(seed, left)))
+        return Prompt(
+            fragment=b'"prompt":[' + b",".join(frags) + b"]",
+            prompt_tokens=keep,
+            dropped_tokens=dropped,
+            blocks=blocks,
+            block_tokens=bt,
+        )
+
+    def _chat(
+        self,
+        session: Session,
+        request_index: int,
+        ns: str,
+        ids: list[int],
+        bt: int,
+        keep: int,
+        dropped: int,
+    ) -> Prompt:
+        # Messages cut at block boundaries: the system prompt, then per earlier turn
+        # whose prompt is a prefix of this one, its user content and the assistant's
+        # reply. Equal leading blocks → equal leading messages, byte for byte.
+        n_full = min(len(ids), keep // bt)
+        cuts = [*self._chat_cuts(session, request_index, n_full), n_full]
+        messages: list[tuple[str, list[bytes]]] = [
+            ("system", [self._fragment(ns, h, bt) for h in ids[: cuts[0]]])
+        ]
+        for i, (lo, hi) in enumerate(itertools.pairwise(cuts)):
+            if hi > lo:
+                role = "assistant" if i % 2 else "user"
+                messages.append((role, [self._fragment(ns, h, bt) for h in ids[lo:hi]]))
+        if messages[-1][0] != "user":
+            messages.append(("user", []))
+        overhead = len(messages) * CHAT_TOKENS_PER_MESSAGE
+        tail = max(0, keep - n_full * bt - overhead)
+        if tail:
+            seed = _key(self.config.salt, ns, session.session_id, request_index, "tail")
+            messages[-1][1].append(self._encode(self._tokens(seed, tail)))
+        body = b",".join(
+            b'{"role":"' + role.encode() + b'","content":"' + b" ".join(parts) + b'"}'
+            for role, parts in messages
+        )
+        return Prompt(
+            fragment=b'"messages":[' + body + b"]",
+            prompt_tokens=n_full * bt + tail + overhead,
+            dropped_tokens=dropped,
+            blocks=n_full,
+            block_tokens=bt,
+        )
+
+    def _chat_cuts(
+        self, session: Session, request_index: int, n_full: int
+    ) -> list[int]:
+        """Block indices where messages start: system end, then (prompt end, reply end)
+        per earlier turn that is a prefix of this one. Pairs keep role parity stable
+        from turn to turn; clamping keeps them non-decreasing."""
+        bs = session.block_size
+        sys_blocks = ((session.system_tokens or 0) + (session.tool_tokens or 0)) // bs
+        cuts = [min(n_full, sys_blocks)]
+        cur = session.requests[request_index].hash_ids
+        for prev in session.requests[:request_index]:
+            n = prev.hash_ids.size
+            # Chained ids: equal last block ⇒ the earlier prompt is a prefix of this.
+            if 0 < n <= min(cur.size, n_full) and cur[n - 1] == prev.hash_ids[n - 1]:
+                reply = n + prev.output_tokens // bs
+                cuts.extend((max(n, cuts[-1]), max(min(reply, n_full), cuts[-1])))
+        return cuts
