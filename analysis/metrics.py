@@ -182,10 +182,12 @@ def measured_window_s(df: pd.DataFrame) -> float:
     Population: ok, measured rows. NaN with no such row (or zero length).
     """
     keep = measured_ok(df)
-    if not keep.any():
+    starts = column(df, "start_ns")[keep]
+    ends = column(df, "end_ns")[keep]
+    starts, ends = starts[~np.isnan(starts)], ends[~np.isnan(ends)]
+    if starts.size == 0 or ends.size == 0:
         return NAN
-    start = np.nanmin(column(df, "start_ns")[keep])
-    end = np.nanmax(column(df, "end_ns")[keep])
+    start, end = starts.min(), ends.max()
     return (end - start) / _NS_PER_S if end > start else NAN
 
 

@@ -186,3 +186,9 @@ def rec() -> Callable[..., RequestRecord]:
 def timed() -> Callable[..., RequestRecord]:
     """Factory: ``timed(start_ms=, ttft_ms=, e2e_ms=, out=, **fields)``."""
     return timed_record
+
+
+@pytest.fixture
+def make_meta() -> Callable[..., dict[str, Any]]:
+    """Factory: ``make_meta(**top_level_overrides)`` → a run.json dict."""
+    return run_meta

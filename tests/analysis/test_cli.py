@@ -261,3 +261,35 @@ def test_import_analysis_does_not_load_aiohttp() -> None:
         "assert 'matplotlib' not in sys.modules, 'matplotlib loaded eagerly'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_analyze_lru_estimate_reloads_the_trace(
+    tmp_path: Path,
+    rec: Callable[..., RequestRecord],
+    make_run_dir: Callable[..., Path],
+    make_meta: Callable[..., dict[str, Any]],
+) -> None:
+    from traces.io import write_trace
+    from traces.model import Request, Session, Trace
+
+    reqs = tuple(
+        Request(input_tokens=30, output_tokens=2, hash_ids=np.array([1, 2, 3]))
+        for _ in range(3)
+    )
+    trace_path = tmp_path / "trace.jsonl"
+    write_trace(
+        Trace(sessions=(Session(session_id="s0", requests=reqs, block_size=10),)),
+        trace_path,
+    )
+    meta = make_meta(trace={"path": str(trace_path), "block_size": 10})
+    rows = [rec(request_index=i, start_ns=i, prompt_tokens=30) for i in range(3)]
+    path = make_run_dir(tmp_path / "r", rows, meta=meta)
+    got = json.loads(
+        _invoke("analyze", str(path), "--json", "--kv-capacity-tokens", "100").output
+    )
+    # Cold, then two full hits: 60 / 90.
+    assert got["cache_hit_rate"]["lru"] == pytest.approx(60 / 90)
+    tiny = json.loads(
+        _invoke("analyze", str(path), "--json", "--kv-capacity-tokens", "0").output
+    )
+    assert tiny["cache_hit_rate"]["lru"] == pytest.approx(0.0)
