@@ -82,7 +82,7 @@ def _peak_rss_mb(path: Path) -> tuple[float, float]:
         "            return int(line.split()[1])\n"
         "base = hwm()\n"
         "t = traces.read_trace(sys.argv[1])\n"
-        "_say(base, hwm(), t.request_count())\n"
+        "print(base, hwm(), t.request_count())\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, str(path)],
