@@ -24,62 +24,30 @@ def five(timed: Callable[..., RequestRecord]) -> pd.DataFrame:
     B: sent 1500 ms (on time),       TTFT 300, E2E 2300, 41 tokens  → TPOT 50
     C: sent 2000 ms (scheduled 1970), TTFT 200, E2E 1000, 5 tokens  → TPOT 200
     """
-    rows = [
-        timed(
-            start_ms=1000,
-            ttft_ms=100,
-            e2e_ms=1100,
-            out=11,
-            scheduled_ns=990 * MS,
-            prompt_tokens=1000,
-            server_prompt_tokens=1010,
-            cached_tokens=500,
-            ideal_cached_tokens=600,
-            request_index=0,
-        ),
-        timed(
-            start_ms=1500,
-            ttft_ms=300,
-            e2e_ms=2300,
-            out=41,
-            scheduled_ns=1500 * MS,
-            prompt_tokens=2000,
-            ideal_cached_tokens=1000,
-            request_index=1,
-        ),
-        timed(
-            start_ms=2000,
-            ttft_ms=200,
-            e2e_ms=1000,
-            out=5,
-            scheduled_ns=1970 * MS,
-            prompt_tokens=3000,
-            cached_tokens=1500,
-            ideal_cached_tokens=2000,
-            request_index=2,
-        ),
-        timed(
-            start_ms=0,
-            ttft_ms=1000,
-            e2e_ms=5000,
-            out=2,
-            scheduled_ns=0,
-            prompt_tokens=4000,
-            cached_tokens=1000,
-            warmup=True,
-            request_index=3,
-        ),
-        timed(
-            start_ms=2500,
-            ttft_ms=0,
-            e2e_ms=2500,
-            out=1,
-            scheduled_ns=2400 * MS,
-            status="http_error",
-            http_status=500,
-            request_index=4,
-        ),
+    cols = (
+        "start_ms",
+        "ttft_ms",
+        "e2e_ms",
+        "out",
+        "scheduled_ns",
+        "prompt_tokens",
+        "server_prompt_tokens",
+        "cached_tokens",
+        "ideal_cached_tokens",
+        "warmup",
+        "status",
+    )
+    table = [
+        (1000, 100, 1100, 11, 990 * MS, 1000, 1010, 500, 600, False, "ok"),  # A
+        (1500, 300, 2300, 41, 1500 * MS, 2000, None, None, 1000, False, "ok"),  # B
+        (2000, 200, 1000, 5, 1970 * MS, 3000, None, 1500, 2000, False, "ok"),  # C
+        (0, 1000, 5000, 2, 0, 4000, None, 1000, 0, True, "ok"),  # D
+        (2500, 0, 2500, 1, 2400 * MS, 1000, None, None, 0, False, "http_error"),  # E
     ]
+    rows = [
+        timed(request_index=i, **dict(zip(cols, values, strict=True)))
+        for i, values in enumerate(table)
+    ]  # fmt: skip
     return records_frame(records_to_table(rows))  # fmt: skip
 
 
