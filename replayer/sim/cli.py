@@ -40,8 +40,12 @@ def _config_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.command(
     "sim",
-    epilog="cached_tokens in usage = GPU-tier hits + host-tier hits. Requests must "
-    "name the served --model (else 404) unless --accept-any-model is given.",
+    epilog="usage.prompt_tokens_details.cached_tokens = GPU-tier hits + host-tier "
+    "hits, whole blocks of a leading run; as in vLLM the last prompt token is always "
+    "recomputed, so a fully cached prompt stops one block short when its length is a "
+    "multiple of --block-size. Requests must name the served --model (else 404) "
+    "unless --accept-any-model is given. Text prompts are counted with the replayer's "
+    "text rule: one token per whitespace-separated word, plus one per chat message.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option(

@@ -70,9 +70,16 @@ class Engine:
         self._running: list[Sequence] = []
         self._wakeup = asyncio.Event()
         self._deadline_s = 0.0
+        self._stopped = False
 
     def submit(self, prompt_ids: list[int], output_tokens: int) -> Sequence:
-        """Queue a request; ``output_tokens`` >= 1 is the exact length to generate."""
+        """Queue a request; ``output_tokens`` >= 1 is the exact length to generate.
+
+        Raises:
+            EngineStopped: the engine loop has ended (nothing would serve the request).
+        """
+        if self._stopped:
+            raise EngineStopped("the simulated engine stopped")
         seq = Sequence(
             prompt_tokens=len(prompt_ids),
             output_tokens=output_tokens,
@@ -106,6 +113,7 @@ class Engine:
                     await self._wakeup.wait()
                 await self._step()
         finally:
+            self._stopped = True
             for seq in [*self._waiting, *self._running]:
                 seq.finished = True
                 seq.error = "the simulated engine stopped"

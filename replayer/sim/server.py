@@ -209,7 +209,10 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     encoder = ChunkEncoder(
         kind, f"{prefix}-sim-{sim.requests:x}", req.model, sim.created()
     )
-    seq = sim.engine.submit(req.prompt_ids, dice.output_tokens)
+    try:
+        seq = sim.engine.submit(req.prompt_ids, dice.output_tokens)
+    except EngineStopped as exc:
+        return _error(500, str(exc))
     try:
         if req.stream:
             return await _stream(request, req, dice, seq, encoder, sim.config.stall_s)

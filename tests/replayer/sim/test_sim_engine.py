@@ -1,0 +1,47 @@
+"""The engine loop without HTTP: admission under KV capacity, exact lengths, stop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from replayer.sim import SimConfig
+from replayer.sim.engine import Engine, EngineStopped
+
+
+async def _finish(seq) -> int:
+    seen = 0
+    while not seq.finished:
+        seen = await seq.wait_tokens(seen)
+    return seq.generated
+
+
+async def test_engine_kv_capacity_limits_admission() -> None:
+    config = SimConfig.fast(block_size=4, kv_capacity_tokens=64, max_model_len=60)
+    engine = Engine(config)
+    async with asyncio.TaskGroup() as tg:
+        loop = tg.create_task(engine.run())
+        big = engine.submit(list(range(1000, 1040)), 8)  # 12 of 16 blocks
+        other = engine.submit(list(range(2000, 2040)), 8)  # must wait for room
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert engine.stats.running == 1
+        assert engine.stats.waiting == 1
+        assert await _finish(big) == 8
+        assert await _finish(other) == 8
+        assert engine.cache.used_blocks <= 16
+        loop.cancel()
+
+
+async def test_engine_stop_fails_in_flight_and_refuses_new_work() -> None:
+    engine = Engine(SimConfig.fast(decode_base_ms=50.0))
+    async with asyncio.TaskGroup() as tg:
+        loop = tg.create_task(engine.run())
+        seq = engine.submit([1000] * 10, 100)
+        await asyncio.sleep(0.01)
+        loop.cancel()
+    with pytest.raises(EngineStopped):
+        await seq.wait_tokens(seq.generated)
+    with pytest.raises(EngineStopped):
+        engine.submit([1000] * 10, 1)
