@@ -98,20 +98,27 @@ def lru_cached_tokens(
 
 
 def request_cache(
-    df: pd.DataFrame, lru: npt.NDArray[np.float64] | None = None
+    df: pd.DataFrame,
+    lru: npt.NDArray[np.float64] | None = None,
+    *,
+    reporting_only: bool = False,
 ) -> pd.DataFrame:
     """Per request: cached (server), ideal and LRU hit tokens, and the miss.
 
     ``missed_tokens`` = ideal_cached_tokens - cached_tokens, null where the server
-    did not report cached_tokens. Population: ok, measured rows.
+    did not report cached_tokens. Population: ok, measured rows (only those that
+    report cached_tokens with ``reporting_only``).
     """
-    keep = measured_ok(df)
     cached = column(df, "cached_tokens")
+    keep = measured_ok(df)
+    if reporting_only:
+        keep &= ~np.isnan(cached)
     ideal = column(df, "ideal_cached_tokens")
     out = pd.DataFrame(
         {
-            "session_id": df["session_id"].astype("object").to_numpy()[keep],
-            "root_session_id": df["root_session_id"].astype("object").to_numpy()[keep],
+            # Categoricals stay categoricals: no per-row Python strings.
+            "session_id": df["session_id"][keep].reset_index(drop=True),
+            "root_session_id": df["root_session_id"][keep].reset_index(drop=True),
             "request_index": column(df, "request_index")[keep],
             "start_ns": column(df, "start_ns")[keep],
             "ttft_ms": column(df, "ttft_ns")[keep] / 1e6,
@@ -142,7 +149,7 @@ def tree_cache(requests: pd.DataFrame) -> pd.DataFrame:
     prompt_tokens over simulated rows. Population: the tree's ok, measured rows.
     """
     out = []
-    for root, g in requests.groupby("root_session_id", sort=True):
+    for root, g in requests.groupby("root_session_id", sort=True, observed=True):
         out.append(
             {
                 "root_session_id": root,

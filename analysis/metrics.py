@@ -32,14 +32,22 @@ _NS_PER_S = 1e9
 _ATTEMPTED = ("ok", "http_error", "timeout", "client_error")
 
 
-def percentiles(values: npt.ArrayLike, qs: Sequence[float]) -> list[float]:
-    """Percentiles ``qs`` (each in [0, 100]) of ``values`` by numpy's linear
-    interpolation; NaNs are dropped; NaN for no data. Population: the caller's."""
+def _clean(values: npt.ArrayLike) -> FloatArray:
     arr = np.asarray(values, dtype=np.float64)
-    arr = arr[~np.isnan(arr)]
+    nan = np.isnan(arr)
+    return arr[~nan] if nan.any() else arr
+
+
+def _percentiles_clean(arr: FloatArray, qs: Sequence[float]) -> list[float]:
     if arr.size == 0:
         return [NAN] * len(qs)
     return [float(x) for x in np.percentile(arr, list(qs), method="linear")]
+
+
+def percentiles(values: npt.ArrayLike, qs: Sequence[float]) -> list[float]:
+    """Percentiles ``qs`` (each in [0, 100]) of ``values`` by numpy's linear
+    interpolation; NaNs are dropped; NaN for no data. Population: the caller's."""
+    return _percentiles_clean(_clean(values), qs)
 
 
 def percentile(values: npt.ArrayLike, q: float) -> float:
@@ -49,9 +57,8 @@ def percentile(values: npt.ArrayLike, q: float) -> float:
 
 def describe(values: npt.ArrayLike) -> dict[str, float]:
     """{"mean", "p50", "p90", "p99", "count"} of ``values`` (NaNs dropped)."""
-    arr = np.asarray(values, dtype=np.float64)
-    arr = arr[~np.isnan(arr)]
-    p50, p90, p99 = percentiles(arr, [50, 90, 99])
+    arr = _clean(values)
+    p50, p90, p99 = _percentiles_clean(arr, [50, 90, 99])
     mean = float(arr.mean()) if arr.size else NAN
     return {"mean": mean, "p50": p50, "p90": p90, "p99": p99, "count": int(arr.size)}
 
@@ -68,7 +75,14 @@ def is_warmup(df: pd.DataFrame) -> npt.NDArray[np.bool_]:
 
 def has_status(df: pd.DataFrame, *statuses: str) -> npt.NDArray[np.bool_]:
     """Rows whose ``status`` is one of ``statuses``."""
-    return df["status"].isin(statuses).to_numpy(dtype=bool)
+    status = df["status"]
+    if isinstance(status.dtype, pd.CategoricalDtype):
+        # Look the codes up in a table: isin on 10M categoricals is ~10x slower.
+        lut = np.zeros(len(status.cat.categories) + 1, dtype=bool)
+        idx = status.cat.categories.get_indexer(list(statuses))
+        lut[idx[idx >= 0]] = True
+        return lut[status.cat.codes.to_numpy()]  # code -1 (null) → last: False
+    return status.isin(statuses).to_numpy(dtype=bool)
 
 
 def measured_ok(df: pd.DataFrame) -> npt.NDArray[np.bool_]:

@@ -25,38 +25,53 @@ TREE_COLUMNS = (
 )
 
 
-def _sessions(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _codes(df: pd.DataFrame) -> tuple[pd.Index, np.ndarray, np.ndarray, np.ndarray]:
+    """Session names and per-row integer codes of session, parent and root (-1: none).
+
+    Works on the categorical codes, never on 10M Python strings.
+    """
+    sess = df["session_id"].astype("category")
+    names = sess.cat.categories
+    sid = sess.cat.codes.to_numpy().astype(np.int64)
+
+    def onto(col: str) -> np.ndarray:
+        c = df[col].astype("category")
+        remap = np.append(names.get_indexer(c.cat.categories), -1)
+        return remap[c.cat.codes.to_numpy()]  # code -1 (null) → last entry, -1
+
+    return names, sid, onto("parent_session_id"), onto("root_session_id")
+
+
+def _sessions(
+    df: pd.DataFrame, sid: np.ndarray, parent: np.ndarray, root: np.ndarray
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(sent rows with integer session codes, one row per session)."""
-    cats = pd.Index(df["session_id"].astype("object").unique()).dropna()
     start = column(df, "start_ns")
     end = column(df, "end_ns")
     sent = ~np.isnan(start)
     rows = pd.DataFrame(
         {
-            "sid": cats.get_indexer(df["session_id"].astype("object"))[sent],
+            "sid": sid[sent],
             "start": start[sent],
             # A cancelled row may have no end: it held the session until it was sent.
             "end": np.where(np.isnan(end), start, end)[sent],
             "ttft": np.nan_to_num(column(df, "ttft_ns")[sent]),
-            "request_index": column(df, "request_index")[sent],
         }
     )
-    parent = cats.get_indexer(df["parent_session_id"].astype("object"))
-    root = cats.get_indexer(df["root_session_id"].astype("object"))
+    first = np.unique(sid, return_index=True)[1]
     meta = pd.DataFrame(
         {
-            "sid": cats.get_indexer(df["session_id"].astype("object")),
-            "parent": parent,
-            "root": root,
-            "depth": column(df, "agent_depth"),
-        }
-    ).drop_duplicates("sid")
+            "parent": parent[first],
+            "root": root[first],
+            "depth": np.nan_to_num(column(df, "agent_depth")[first]),
+        },
+        index=pd.Index(sid[first], name="sid"),
+    )
     per = rows.groupby("sid").agg(
         first_start=("start", "min"), last_end=("end", "max"), ttft=("ttft", "sum")
     )
-    per = meta.set_index("sid").join(per, how="left")
+    per = meta.join(per, how="left")
     per["ttft"] = per["ttft"].fillna(0.0)
-    per["depth"] = per["depth"].fillna(0)
     return rows, per
 
 
@@ -107,7 +122,8 @@ def session_trees(df: pd.DataFrame) -> pd.DataFrame:
     """
     if df.empty:
         return pd.DataFrame(columns=list(TREE_COLUMNS))
-    rows, per = _sessions(df)
+    names, sid, parent, root = _codes(df)
+    rows, per = _sessions(df, sid, parent, root)
     joins = _joins(rows, per)
     # Join wait: per (parent, join request) the latest subagent end, clipped.
     wait = pd.Series(0.0, index=per.index)
@@ -129,34 +145,33 @@ def session_trees(df: pd.DataFrame) -> pd.DataFrame:
             ]
             add = cp.loc[last["sid"]].groupby(last["parent"].to_numpy()).sum()
             cp = cp.add(add, fill_value=0.0)
-    sid_rows = pd.Index(df["session_id"].astype("object").unique()).dropna()
     roots = per[per.index == per["root"]]
-    tree_key = df["root_session_id"].astype("object")
-    counts = df.groupby(tree_key, sort=False, observed=True).agg(
-        requests=("request_index", "size"),
-        sessions=("session_id", "nunique"),
+    n_codes = len(names)
+    tree = np.where(root >= 0, root, sid)
+    requests = np.bincount(tree, minlength=n_codes)
+    sub_reqs = np.bincount(
+        tree, weights=column(df, "agent_depth") > 0, minlength=n_codes
     )
-    sub_reqs = (
-        pd.Series(column(df, "agent_depth") > 0).groupby(tree_key.to_numpy()).sum()
+    warm = np.bincount(tree, weights=is_warmup(df), minlength=n_codes) > 0
+    sessions = np.bincount(
+        np.where(per["root"] >= 0, per["root"], per.index), minlength=n_codes
     )
-    warm = pd.Series(is_warmup(df)).groupby(tree_key.to_numpy()).any()
-    root_ids = sid_rows[roots.index.to_numpy()]
-    trees = pd.DataFrame(
-        {
-            "root_session_id": root_ids,
-            "wall_ms": (roots["last_end"] - roots["first_start"]).to_numpy(),
-            "critical_path_ttft_ms": cp.loc[roots.index].to_numpy() / _NS_PER_MS,
-            "join_wait_ms": wait.loc[roots.index].to_numpy() / _NS_PER_MS,
-        }
-    )
-    # Wall time spans the whole tree, not only the root session's own rows.
     span = per.groupby("root").agg(
         first=("first_start", "min"), last=("last_end", "max")
     )
-    trees["wall_ms"] = (span["last"] - span["first"]).reindex(
-        roots.index
-    ).to_numpy() / _NS_PER_MS
-    trees = trees.set_index("root_session_id")
-    trees = trees.join(counts).join(sub_reqs.rename("subagent_requests"))
-    trees = trees.join(warm.rename("warmup"))
-    return trees.reset_index()[list(TREE_COLUMNS)]
+    r = roots.index.to_numpy()
+    trees = pd.DataFrame(
+        {
+            "root_session_id": names[r],
+            "requests": requests[r],
+            "sessions": sessions[r],
+            "subagent_requests": sub_reqs[r].astype(np.int64),
+            # Wall time spans the whole tree, not only the root session's own rows.
+            "wall_ms": (span["last"] - span["first"]).reindex(r).to_numpy()
+            / _NS_PER_MS,
+            "critical_path_ttft_ms": cp.loc[r].to_numpy() / _NS_PER_MS,
+            "join_wait_ms": wait.loc[r].to_numpy() / _NS_PER_MS,
+            "warmup": warm[r],
+        }
+    )
+    return trees[list(TREE_COLUMNS)]

@@ -154,7 +154,7 @@ def summarize(
         rates["lru"] = float(lru[keep].sum()) / denom if denom > 0 else math.nan
         rates["lru_capacity_tokens"] = kv_capacity_tokens
         rates["lru_host_capacity_tokens"] = host_capacity_tokens
-    per_request = request_cache(df, lru)
+    per_request = request_cache(df, lru, reporting_only=True)
     lag = m.dispatch_lag_ms(df)
     lag_p50, lag_p99 = m.percentiles(lag, [50, 99])
     return Summary(

@@ -1,0 +1,146 @@
+"""Benchmark: summarize() on N synthetic request rows (default 10M), against a
+naive pandas implementation of the same headline figures.
+
+    /work/venv/bin/python bench/bench_analysis.py [--rows 10000000]
+
+Prints wall time and peak RSS. Rows: 50 requests per session, every other session a
+subagent of the one before it, 4 content chunks per request, 3% errors, 5% warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from analysis.load import Run, records_frame
+from analysis.summary import summarize
+from replayer.records import RECORD_SCHEMA
+
+MS = 1_000_000
+
+
+def synthetic_table(n: int, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    per = 50
+    sess = np.arange(n) // per
+    idx = (np.arange(n) % per).astype(np.int32)
+    root = sess - (sess % 2)
+    depth = (sess % 2).astype(np.int32)
+    ttft = rng.integers(20, 3000, n) * MS
+    out = rng.integers(1, 900, n)
+    e2e = ttft + (out - 1) * rng.integers(5, 60, n) * MS
+    start = sess * 10_000 * MS + idx * 200_000 * MS // per + rng.integers(0, MS, n)
+    status = np.where(rng.random(n) < 0.03, "timeout", "ok")
+    prompt = rng.integers(1_000, 200_000, n)
+    n_chunks = 4
+    offs = np.arange(0, (n + 1) * n_chunks, n_chunks, dtype=np.int32)
+    chunk_vals = (
+        ttft[:, None] + np.arange(n_chunks) * (e2e - ttft)[:, None] // 3
+    ).ravel()
+    names = np.array([f"s{i}" for i in range(sess.max() + 1)], dtype=object)
+
+    def ids(codes: np.ndarray) -> pa.DictionaryArray:
+        return pa.DictionaryArray.from_arrays(
+            pa.array(codes, pa.int32()), pa.array(names)
+        )
+
+    null_i64 = pa.nulls(n, pa.int64())
+    cols = {
+        "run_id": ids(np.zeros(n, np.int32)),
+        "worker_id": pa.array(np.zeros(n, np.int32)),
+        "session_id": ids(sess.astype(np.int32)),
+        "root_session_id": ids(root.astype(np.int32)),
+        "parent_session_id": pa.DictionaryArray.from_arrays(
+            pa.array(np.where(depth > 0, root, -1).astype(np.int32),
+                     mask=depth == 0), pa.array(names)),
+        "agent_depth": pa.array(depth),
+        "request_index": pa.array(idx),
+        "scheduled_ns": pa.array(start - rng.integers(0, 5 * MS, n)),
+        "start_ns": pa.array(start),
+        "first_token_ns": pa.array(start + ttft),
+        "end_ns": pa.array(start + e2e),
+        "ttft_ns": pa.array(ttft),
+        "e2e_ns": pa.array(e2e),
+        "tpot_ns": null_i64,
+        "itl_mean_ns": null_i64,
+        "itl_max_ns": null_i64,
+        "chunk_times_ns": pa.ListArray.from_arrays(pa.array(offs), pa.array(chunk_vals)),
+        "trace_input_tokens": pa.array(prompt),
+        "prompt_tokens": pa.array(prompt),
+        "dropped_input_tokens": pa.array(np.zeros(n, np.int64)),
+        "server_prompt_tokens": null_i64,
+        "trace_output_tokens": pa.array(out),
+        "requested_output_tokens": pa.array(out),
+        "output_tokens": pa.array(out),
+        "cached_tokens": pa.array((prompt * 0.8).astype(np.int64)),
+        "ideal_cached_tokens": pa.array((prompt * 0.9).astype(np.int64)),
+        "status": pa.array(status).dictionary_encode(),
+        "http_status": pa.nulls(n, pa.int32()),
+        "error_type": pa.nulls(n, pa.string()).dictionary_encode(),
+        "error_message": pa.nulls(n, pa.string()),
+        "retries": pa.array(np.zeros(n, np.int32)),
+        "inflight_at_send": pa.array(np.zeros(n, np.int32)),
+        "lanes_at_send": pa.array(np.zeros(n, np.int32)),
+        "warmup": pa.array(np.arange(n) < n // 20),
+    }  # fmt: skip
+    assert list(cols) == RECORD_SCHEMA.names
+    return pa.table(cols)
+
+
+def naive(df: pd.DataFrame) -> dict[str, float]:
+    """The same headline figures the obvious pandas way (the baseline)."""
+    ok = df[(df["status"] == "ok") & ~df["warmup"]]
+    out: dict[str, float] = {}
+    for name in ("ttft_ns", "e2e_ns"):
+        q = ok[name].astype("float64").quantile([0.5, 0.9, 0.99])
+        out[name] = float(q.iloc[1])
+    tpot = (ok["e2e_ns"] - ok["ttft_ns"]) / (ok["output_tokens"] - 1)
+    out["tpot_p90"] = float(
+        tpot[ok["output_tokens"] > 1].astype("float64").quantile(0.9)
+    )
+    chunks = ok["chunk_times_ns"].explode().astype("float64")
+    gaps = chunks.groupby(level=0).diff().dropna()
+    out["itl_p90"] = float(gaps.quantile(0.9))
+    window = (ok["end_ns"].max() - ok["start_ns"].min()) / 1e9
+    out["output_tok_s"] = float(ok["output_tokens"].sum() / window)
+    trees = df.groupby("root_session_id", observed=True).agg(
+        first=("start_ns", "min"), last=("end_ns", "max")
+    )
+    out["tree_wall_p90"] = float((trees["last"] - trees["first"]).quantile(0.9))
+    return out
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--no-baseline", action="store_true")
+    args = ap.parse_args()
+    next(
+        (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+         if ln.startswith("model name")), platform.processor())  # fmt: skip
+    t = time.perf_counter()
+    df = records_frame(synthetic_table(args.rows))
+    run = Run(path=Path("synthetic"), requests=df, meta={}, server_metrics=pd.DataFrame(
+        columns=["scrape_ns", "metric", "labels", "value"]))  # fmt: skip
+    t = time.perf_counter()
+    summarize(run, gpus=8).as_dict()
+    time.perf_counter() - t
+    if not args.no_baseline:
+        t = time.perf_counter()
+        naive(df)
+        time.perf_counter() - t
+
+
+if __name__ == "__main__":
+    main()
