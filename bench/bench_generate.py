@@ -18,10 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
-from traces.distributions import ks_distance
-from traces.fit import fit_config
+from traces.fit import fit_config, ks_distances
 from traces.generate import PRESETS, generate_trace
 from traces.io import read_trace, write_trace
 from traces.model import Trace
@@ -33,18 +30,6 @@ WEKA = REPO / ".." / "shared" / "data" / "weka"
 
 def _out(line: str) -> None:
     sys.stdout.write(line + "\n")
-
-
-def _columns(trace: Trace) -> dict[str, np.ndarray]:
-    threads = [s for s, _ in trace.all_sessions()]
-    reqs = [r for s in threads for r in s.requests]
-    return {
-        "input tokens": np.array([r.input_tokens for r in reqs]),
-        "output tokens": np.array([r.output_tokens for r in reqs]),
-        "think time": np.array(
-            [r.think_time_s for s in threads for r in s.requests[1:]]
-        ),
-    }
 
 
 def _speed(repeats: int, write: bool) -> Trace:
@@ -99,15 +84,15 @@ def _calibration() -> None:
         return
     real = read_trace(WEKA)
     config = fit_config(real)
-    want = _columns(real)
     _out("\ncalibrated on shared/data/weka (30 sessions, 3,004 requests): KS distance")
     _out("| sessions generated | seed | input tokens | output tokens | think time |")
     _out("| --- | --- | --- | --- | --- |")
     for sessions in (30, 300):
         for seed in (0, 1, 2):
-            got = _columns(generate_trace(config, sessions=sessions, seed=seed))
-            ks = [ks_distance(want[k], got[k]) for k in want]
-            cells = " | ".join(f"{x:.4f}" for x in ks)
+            ks = ks_distances(
+                real, generate_trace(config, sessions=sessions, seed=seed)
+            )
+            cells = " | ".join(f"{x:.4f}" for x in ks.values())
             _out(f"| {sessions} | {seed} | {cells} |")
 
 

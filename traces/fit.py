@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from traces.distributions import Empirical
+from traces.distributions import Empirical, ks_distance
 from traces.generate import GeneratorConfig
 from traces.model import Session, Trace
 
@@ -144,3 +144,23 @@ def fit_config(trace: Trace, *, name: str = "calibrated") -> GeneratorConfig:
         api_time_sigma=sigma,
         session_rate_per_s=rate,
     )
+
+
+def distribution_samples(trace: Trace) -> dict[str, np.ndarray]:
+    """The samples calibration is judged on: every request's input and output tokens,
+    and the think time of every request after a session's first (as ``trace stats``)."""
+    threads = [s for s, _ in trace.all_sessions()]
+    reqs = [r for s in threads for r in s.requests]
+    return {
+        "input_tokens": np.array([r.input_tokens for r in reqs], dtype=np.int64),
+        "output_tokens": np.array([r.output_tokens for r in reqs], dtype=np.int64),
+        "think_time_s": np.array(
+            [r.think_time_s for s in threads for r in s.requests[1:]], dtype=np.float64
+        ),
+    }
+
+
+def ks_distances(real: Trace, generated: Trace) -> dict[str, float]:
+    """Two-sample KS distance per :func:`distribution_samples` key."""
+    a, b = distribution_samples(real), distribution_samples(generated)
+    return {key: ks_distance(a[key], b[key]) for key in a}
