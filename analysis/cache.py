@@ -7,7 +7,7 @@ Pure: the trace comes in as an argument (``analysis.load.load_trace_for`` reads 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -102,37 +102,38 @@ def request_cache(
     lru: npt.NDArray[np.float64] | None = None,
     *,
     reporting_only: bool = False,
+    columns: Sequence[str] = REQUEST_COLUMNS,
 ) -> pd.DataFrame:
     """Per request: cached (server), ideal and LRU hit tokens, and the miss.
 
     ``missed_tokens`` = ideal_cached_tokens - cached_tokens, null where the server
     did not report cached_tokens. Population: ok, measured rows (only those that
-    report cached_tokens with ``reporting_only``).
+    report cached_tokens with ``reporting_only``). ``columns``: a subset of
+    :data:`REQUEST_COLUMNS` to build.
     """
     cached = column(df, "cached_tokens")
     keep = measured_ok(df)
     if reporting_only:
         keep &= ~np.isnan(cached)
     ideal = column(df, "ideal_cached_tokens")
-    out = pd.DataFrame(
-        {
-            # Categoricals stay categoricals: no per-row Python strings.
-            "session_id": df["session_id"][keep].reset_index(drop=True),
-            "root_session_id": df["root_session_id"][keep].reset_index(drop=True),
-            "request_index": column(df, "request_index")[keep],
-            "start_ns": column(df, "start_ns")[keep],
-            "ttft_ms": column(df, "ttft_ns")[keep] / 1e6,
-            "prompt_tokens": column(df, "prompt_tokens")[keep],
-            "server_prompt_tokens": server_prompt(df)[keep],
-            "cached_tokens": cached[keep],
-            "ideal_cached_tokens": ideal[keep],
-            "lru_cached_tokens": (lru if lru is not None else np.full(len(df), NAN))[
-                keep
-            ],
-            "missed_tokens": (ideal - cached)[keep],
-        }
-    )
-    return out[list(REQUEST_COLUMNS)]
+    build = {
+        # Categoricals stay categoricals: no per-row Python strings.
+        "session_id": lambda: df["session_id"][keep].reset_index(drop=True),
+        "root_session_id": lambda: df["root_session_id"][keep].reset_index(drop=True),
+        "request_index": lambda: column(df, "request_index")[keep],
+        "start_ns": lambda: column(df, "start_ns")[keep],
+        "ttft_ms": lambda: column(df, "ttft_ns")[keep] / 1e6,
+        "prompt_tokens": lambda: column(df, "prompt_tokens")[keep],
+        "server_prompt_tokens": lambda: server_prompt(df)[keep],
+        "cached_tokens": lambda: cached[keep],
+        "ideal_cached_tokens": lambda: ideal[keep],
+        "lru_cached_tokens": lambda: (
+            lru[keep] if lru is not None else np.full(int(keep.sum()), NAN)
+        ),
+        "missed_tokens": lambda: (ideal - cached)[keep],
+    }
+    # copy=False keeps one block per column instead of copying into one 2-D block.
+    return pd.DataFrame({c: build[c]() for c in columns}, copy=False)
 
 
 def _rate(num: pd.Series, den: pd.Series) -> float:

@@ -56,9 +56,13 @@ def _sessions(
             # A cancelled row may have no end: it held the session until it was sent.
             "end": np.where(np.isnan(end), start, end)[sent],
             "ttft": np.nan_to_num(column(df, "ttft_ns")[sent]),
-        }
+        },
+        copy=False,
     )
-    first = np.unique(sid, return_index=True)[1]
+    # First row of each session, O(n): later writes of a reversed range win.
+    n = sid.size
+    first = np.zeros(int(sid.max()) + 1 if n else 0, dtype=np.int64)
+    first[sid[::-1]] = np.arange(n - 1, -1, -1)
     meta = pd.DataFrame(
         {
             "parent": parent[first],
@@ -87,13 +91,19 @@ def _joins(rows: pd.DataFrame, per: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(
             columns=["sid", "parent", "last_end", "join_start", "prev_end"]
         )
-    prows = rows[rows["sid"].isin(subs["parent"])].sort_values(["sid", "start"])
+    is_parent = np.zeros(int(rows["sid"].max()) + 1, dtype=bool)
+    is_parent[subs["parent"].to_numpy()] = True
+    prows = rows[is_parent[rows["sid"].to_numpy()]]
+    # One sort by start serves both: merge_asof's order and each parent's previous
+    # request (groupby-shift keeps row order within a group). Timsort: rows arrive
+    # nearly in start order.
+    prows = prows.iloc[np.argsort(prows["start"].to_numpy(), kind="stable")]
     prows = prows.assign(prev_end=prows.groupby("sid")["end"].shift(1))
     found = pd.merge_asof(
         subs.sort_values("last_end"),
         prows.rename(columns={"sid": "parent", "start": "join_start"})[
             ["parent", "join_start", "prev_end"]
-        ].sort_values("join_start"),
+        ],
         left_on="last_end",
         right_on="join_start",
         by="parent",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from analysis import metrics as m
 from analysis.cache import lru_cached_tokens, miss_impact, request_cache
@@ -84,6 +85,10 @@ def _run_info(run: Run) -> dict[str, Any]:
     }
 
 
+def _per_s(ms: float) -> float:
+    return 1000.0 / ms if ms > 0 and math.isfinite(ms) else math.nan
+
+
 def _gpus(run: Run, gpus: int | None) -> int | None:
     if gpus is not None:
         return gpus
@@ -91,8 +96,8 @@ def _gpus(run: Run, gpus: int | None) -> int | None:
     return int(label) if isinstance(label, int | float) and label > 0 else None
 
 
-def _trees(run: Run) -> dict[str, Any]:
-    trees = session_trees(run.requests)
+def _trees(df: pd.DataFrame) -> dict[str, Any]:
+    trees = session_trees(df)
     measured = trees[~trees["warmup"].astype(bool)] if not trees.empty else trees
     wall = measured["wall_ms"].to_numpy(dtype=float)
     join = measured["join_wait_ms"].to_numpy(dtype=float)
@@ -128,7 +133,7 @@ def summarize(
     Raises:
         AnalysisError: an LRU estimate was asked for without the trace.
     """
-    df = run.requests
+    df = m.numeric_view(run.requests)
     gpus = _gpus(run, gpus)
     lru = None
     rates: dict[str, Any] = {
@@ -154,17 +159,24 @@ def summarize(
         rates["lru"] = float(lru[keep].sum()) / denom if denom > 0 else math.nan
         rates["lru_capacity_tokens"] = kv_capacity_tokens
         rates["lru_host_capacity_tokens"] = host_capacity_tokens
-    per_request = request_cache(df, lru, reporting_only=True)
+    per_request = request_cache(
+        df,
+        lru,
+        reporting_only=True,
+        columns=("ttft_ms", "cached_tokens", "missed_tokens"),
+    )
     lag = m.dispatch_lag_ms(df)
+    tpot = m.describe(m.tpot_ms(df))
     lag_p50, lag_p99 = m.percentiles(lag, [50, 99])
     return Summary(
         run=_run_info(run),
         counts=m.counts(df),
         ttft_ms=m.describe(m.ttft_ms(df)),
-        tpot_ms=m.describe(m.tpot_ms(df)),
+        tpot_ms=tpot,
         itl_ms=m.describe(m.itl_ms(df)),
         e2e_ms=m.describe(m.e2e_ms(df)),
-        interactivity_tok_s=m.interactivity_tok_s(df),
+        # = m.interactivity_tok_s(df), from the TPOT percentiles already computed.
+        interactivity_tok_s={q: _per_s(tpot[q]) for q in ("p50", "p90")},
         e2e_norm_interactivity_tok_s=m.e2e_norm_interactivity_tok_s(df),
         throughput_tok_s=m.throughput_tok_s(df, gpus),
         dispatch_lag_ms={
@@ -174,7 +186,7 @@ def summarize(
         },
         cache_hit_rate=rates,
         cache_misses=miss_impact(per_request, tolerance_tokens=block),
-        session_trees=_trees(run),
+        session_trees=_trees(df),
         goodput=m.goodput(df, slo) if slo is not None else None,
         gpus=gpus,
     )

@@ -10,8 +10,10 @@ subagent of the one before it, 4 content chunks per request, 3% errors, 5% warm-
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import resource
+import sys
 import time
 from pathlib import Path
 
@@ -71,7 +73,7 @@ def synthetic_table(n: int, seed: int = 0) -> pa.Table:
         "tpot_ns": null_i64,
         "itl_mean_ns": null_i64,
         "itl_max_ns": null_i64,
-        "chunk_times_ns": pa.ListArray.from_arrays(pa.array(offs), pa.array(chunk_vals)),
+        "chunk_times_ns": pa.ListArray.from_arrays(offs, pa.array(chunk_vals)),
         "trace_input_tokens": pa.array(prompt),
         "prompt_tokens": pa.array(prompt),
         "dropped_input_tokens": pa.array(np.zeros(n, np.int64)),
@@ -121,25 +123,54 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--no-baseline", action="store_true")
     args = ap.parse_args()
-    next(
-        (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-         if ln.startswith("model name")), platform.processor())  # fmt: skip
+    _say(
+        f"machine: {os.cpu_count()} CPUs, {_cpu_model()}; "
+        f"python {platform.python_version()}, pandas {pd.__version__}, "
+        f"numpy {np.__version__}, pyarrow {pa.__version__}"
+    )
     t = time.perf_counter()
     df = records_frame(synthetic_table(args.rows))
-    run = Run(path=Path("synthetic"), requests=df, meta={}, server_metrics=pd.DataFrame(
-        columns=["scrape_ns", "metric", "labels", "value"]))  # fmt: skip
+    _say(
+        f"built {len(df):,} rows in {time.perf_counter() - t:.1f} s; frame "
+        f"{df.memory_usage(deep=False).sum() / 2**20:,.0f} MiB; "
+        f"peak RSS so far {_rss_mb():,.0f} MiB"
+    )
+    empty = pd.DataFrame(columns=["scrape_ns", "metric", "labels", "value"])
+    run = Run(path=Path("synthetic"), requests=df, meta={}, server_metrics=empty)
     t = time.perf_counter()
-    summarize(run, gpus=8).as_dict()
-    time.perf_counter() - t
+    s = summarize(run, gpus=8).as_dict()
+    ours = time.perf_counter() - t
+    _say(
+        f"summarize(): {ours:.2f} s, peak RSS {_rss_mb():,.0f} MiB "
+        f"(TTFT p90 {s['ttft_ms']['p90']:.1f} ms, "
+        f"{s['itl_ms']['count']:,} ITL gaps, {s['session_trees']['trees']:,} trees)"
+    )
     if not args.no_baseline:
         t = time.perf_counter()
-        naive(df)
-        time.perf_counter() - t
+        b = naive(df)
+        base = time.perf_counter() - t
+        _say(
+            f"naive pandas baseline (fewer figures): {base:.2f} s, peak RSS "
+            f"{_rss_mb():,.0f} MiB (TTFT p90 {b['ttft_ns'] / 1e6:.1f} ms)"
+        )
+        _say(f"baseline time / ours: {base / ours:.2f}")
 
 
 if __name__ == "__main__":
