@@ -170,46 +170,63 @@ class Client:
             await self._events(resp, out)
 
     async def _events(self, resp: aiohttp.ClientResponse, out: Outcome) -> None:
+        # Read whatever bytes have arrived (one await per network read, not per line)
+        # and split events ourselves; events that arrived in one read share its stamp.
         clock = self.clock
         start = out.start_ns
-        lines: list[bytes] = []
-        stamp = 0
-        done = False
         content = resp.content
-        while True:
-            line = await content.readline()
-            if not line:
+        buf = b""
+        buf_stamp = 0  # arrival of the first byte now in buf
+        lines: list[bytes] = []
+        stamp = 0  # arrival of the current event's first byte
+        done = False
+        while not done:
+            data = await content.readany()
+            if not data:
                 break  # EOF
-            if not lines:
-                stamp = clock.now_ns()  # the event's first byte has arrived
-            line = line.rstrip(b"\r\n")
-            if line:
-                lines.append(line)
-                continue
-            if not lines:
-                continue
-            event = parse_event(lines)
-            lines = []
-            if event.done:
-                done = True
-                break  # break eagerly: some servers keep the stream open after [DONE]
-            if event.error is not None:
-                out.fail("http_error", "stream_error", event.error)
-                return
-            if event.has_content:
-                if out.first_token_ns is None:
-                    out.first_token_ns = stamp
-                out.chunk_times_ns.append(stamp - start)
-            if event.usage is not None:
-                prompt, completion, cached = usage_counts(event.usage)
-                out.server_prompt_tokens = prompt
-                out.completion_tokens = completion
-                out.cached_tokens = cached
-            if event.finish_reason is not None:
-                out.finish_reason = event.finish_reason
-        if lines:  # a final event without its blank line
-            event = parse_event(lines)
-            done = done or event.done
+            now = clock.now_ns()
+            if not buf:
+                buf_stamp = now
+            buf += data
+            pos = 0
+            while not done:
+                nl = buf.find(b"\n", pos)
+                if nl < 0:
+                    break
+                line = buf[pos:nl].rstrip(b"\r")
+                line_stamp = buf_stamp
+                pos = nl + 1
+                buf_stamp = now  # what is left arrived in this read
+                if line:
+                    if not lines:
+                        stamp = line_stamp
+                    lines.append(line)
+                    continue
+                if not lines:
+                    continue
+                event = parse_event(lines)
+                lines = []
+                if event.done:
+                    done = True  # break eagerly: some servers keep the stream open
+                    continue
+                if event.error is not None:
+                    out.fail("http_error", "stream_error", event.error)
+                    return
+                if event.has_content:
+                    if out.first_token_ns is None:
+                        out.first_token_ns = stamp
+                    out.chunk_times_ns.append(stamp - start)
+                if event.usage is not None:
+                    prompt, completion, cached = usage_counts(event.usage)
+                    out.server_prompt_tokens = prompt
+                    out.completion_tokens = completion
+                    out.cached_tokens = cached
+                if event.finish_reason is not None:
+                    out.finish_reason = event.finish_reason
+            buf = buf[pos:]
+        if not done and (lines or buf.strip()):
+            tail = [*lines, *(ln.rstrip(b"\r") for ln in buf.split(b"\n") if ln)]
+            done = parse_event(tail).done
         if not done:
             out.fail(
                 "client_error",

@@ -185,7 +185,8 @@ def _skip_rest(
         )
         state.skipped += 1
     for sub in session.subagents:
-        if sub.anchor_index >= first:
+        # Subagents anchored at the failed request (first - 1) never spawn either.
+        if sub.anchor_index >= first - 1:
             _skip_rest(state, sub.session, 0, root, session.session_id, depth + 1)
 
 

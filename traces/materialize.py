@@ -222,27 +222,39 @@ class Materializer:
         # reply. Equal leading blocks → equal leading messages, byte for byte.
         n_full = min(len(ids), keep // bt)
         cuts = [*self._chat_cuts(session, request_index, n_full), n_full]
-        messages: list[tuple[str, list[bytes]]] = [
-            ("system", [self._fragment(ns, h, bt) for h in ids[: cuts[0]]])
-        ]
+        # Each message costs its role token; it is taken from the message's first
+        # block (always the same block at the same place, so content stays identical
+        # turn to turn) and, for a message without blocks, from the unique tail.
+        head = CHAT_TOKENS_PER_MESSAGE if bt > CHAT_TOKENS_PER_MESSAGE else 0
+
+        def blocks(lo: int, hi: int) -> list[bytes]:
+            frags = [self._fragment(ns, h, bt) for h in ids[lo:hi]]
+            if frags and head:
+                frags[0] = self._fragment(ns, ids[lo], bt - head)
+            return frags
+
+        messages: list[tuple[str, list[bytes]]] = [("system", blocks(0, cuts[0]))]
         for i, (lo, hi) in enumerate(itertools.pairwise(cuts)):
             if hi > lo:
                 role = "assistant" if i % 2 else "user"
-                messages.append((role, [self._fragment(ns, h, bt) for h in ids[lo:hi]]))
+                messages.append((role, blocks(lo, hi)))
         if messages[-1][0] != "user":
             messages.append(("user", []))
-        overhead = len(messages) * CHAT_TOKENS_PER_MESSAGE
+        n_msgs = len(messages)
+        from_blocks = head * sum(1 for _, parts in messages if parts)
+        overhead = n_msgs * CHAT_TOKENS_PER_MESSAGE - from_blocks
         tail = max(0, keep - n_full * bt - overhead)
         if tail:
             seed = _key(self.config.salt, ns, session.session_id, request_index, "tail")
             messages[-1][1].append(self._encode(self._tokens(seed, tail)))
+        sent = n_full * bt - from_blocks + tail + n_msgs * CHAT_TOKENS_PER_MESSAGE
         body = b",".join(
             b'{"role":"' + role.encode() + b'","content":"' + b" ".join(parts) + b'"}'
             for role, parts in messages
         )
         return Prompt(
             fragment=b'"messages":[' + body + b"]",
-            prompt_tokens=n_full * bt + tail + overhead,
+            prompt_tokens=sent,
             dropped_tokens=dropped,
             blocks=n_full,
             block_tokens=bt,
