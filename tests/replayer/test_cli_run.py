@@ -1,0 +1,293 @@
+"""The real `replayer` command (subprocesses) with the built-in simulated endpoint:
+run, sweep, demo, errors and interruption."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from traces.io import read_trace, write_trace
+from traces.model import Request, Session, Trace
+
+REPLAYER = [sys.executable, "-m", "replayer"]
+
+
+def _cli(
+    *args: str, timeout: float = 120, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*REPLAYER, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def _small_trace(path: Path, sessions: int = 3, turns: int = 4, out: int = 8) -> Path:
+    trace = Trace(
+        sessions=tuple(
+            Session(
+                session_id=f"s{k}",
+                requests=tuple(
+                    Request(
+                        input_tokens=64 * (i + 2) + 5,
+                        output_tokens=out,
+                        hash_ids=np.arange(1, i + 3, dtype=np.int64),
+                        think_time_s=0.05 if i else 0.0,
+                    )
+                    for i in range(turns)
+                ),
+                block_size=64,
+            )
+            for k in range(sessions)
+        )
+    )
+    return write_trace(trace, path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_cli_run_against_builtin_sim(tmp_path: Path) -> None:
+    trace = _small_trace(tmp_path / "t.jsonl")
+    res = _cli(
+        "run",
+        str(trace),
+        "--concurrency",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+        "--quiet",
+        "--sim-args",
+        "--speed 50",
+    )
+    assert res.returncode == 0, res.stderr
+    assert "12 requests (12 ok" in res.stdout
+    df = pd.read_parquet(tmp_path / "run" / "requests")
+    assert len(df) == 12 and (df["status"] == "ok").all()
+    assert (df["server_prompt_tokens"] == df["prompt_tokens"]).all()
+    assert (df["output_tokens"] == 8).all()
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["simulated"] is True and meta["model"] == "sim"
+    assert meta["trace"]["content_hash"] and meta["counts"]["ok"] == 12
+    assert (tmp_path / "run" / "server_metrics.parquet").exists()
+
+
+def test_cli_run_refused_endpoint_is_one_line_exit_2(tmp_path: Path) -> None:
+    trace = _small_trace(tmp_path / "t.jsonl")
+    url = f"http://127.0.0.1:{_free_port()}"
+    res = _cli(
+        "run",
+        str(trace),
+        "--endpoint",
+        url,
+        "--model",
+        "m",
+        "--out",
+        str(tmp_path / "r"),
+    )
+    assert res.returncode == 2
+    assert res.stderr.startswith("Error: cannot reach") and res.stderr.count("\n") == 1
+    assert "Traceback" not in res.stderr
+
+
+def test_cli_run_bad_url_and_bad_trace_exit_2(tmp_path: Path) -> None:
+    trace = _small_trace(tmp_path / "t.jsonl")
+    res = _cli("run", str(trace), "--endpoint", "localhost:8000", "--model", "m")
+    assert res.returncode == 2 and "http(s) URL" in res.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        '{"id": "x", "block_size": 64, "requests": [{"type": "n", "in": -1}]}\n'
+    )
+    res = _cli("run", str(bad), "--quiet")
+    assert res.returncode == 2
+    assert res.stderr.startswith("Error: ") and "Traceback" not in res.stderr
+    assert "field 'in'" in res.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_cli_run_interrupt_flushes_and_exits_130(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    trace = _small_trace(tmp_path / "t.jsonl", sessions=4, turns=20, out=400)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            *REPLAYER,
+            "run",
+            str(trace),
+            "--concurrency",
+            "4",
+            "--out",
+            str(run_dir),
+            "--quiet",
+            "--sim-args",
+            "--speed 1 --decode-base-ms 5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while (
+        not list((run_dir / "requests").glob("part-*.parquet"))
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    df = pd.read_parquet(run_dir / "requests")
+    assert (df["status"] == "cancelled").sum() >= 1
+    assert (df["status"] == "ok").sum() >= 1
+    assert json.loads((run_dir / "run.json").read_text())["interrupted"] is True
+
+
+def test_cli_sweep_runs_one_dir_per_level(tmp_path: Path) -> None:
+    trace = _small_trace(tmp_path / "t.jsonl")
+    res = _cli(
+        "sweep",
+        str(trace),
+        "--concurrency",
+        "1,3",
+        "--out",
+        str(tmp_path / "sw"),
+        "--quiet",
+        "--think-scale",
+        "0",
+        "--sim-args",
+        "--speed 50",
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "sw" / "sweep.json").read_text()) == {
+        "levels": ["c1", "c3"]
+    }
+    for level, n in (("c1", 1), ("c3", 3)):
+        meta = json.loads((tmp_path / "sw" / level / "run.json").read_text())
+        assert meta["mode"]["concurrency"] == n
+        df = pd.read_parquet(tmp_path / "sw" / level / "requests")
+        assert len(df) == 12 and df["lanes_at_send"].max() <= n
+    salts = {
+        json.loads((tmp_path / "sw" / lv / "run.json").read_text())["salt"]
+        for lv in ("c1", "c3")
+    }
+    assert len(salts) == 2  # levels do not share the server's cache
+
+
+def test_cli_demo(tmp_path: Path) -> None:
+    res = _cli("demo", "--quiet", "--out", str(tmp_path / "demo"), timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert "ok" in res.stdout and "TTFT" in res.stdout
+    runs = list((tmp_path / "demo" / "runs").iterdir())
+    assert len(runs) == 1
+    df = pd.read_parquet(runs[0] / "requests")
+    assert (df["status"] == "ok").all()
+    assert len(df) == read_trace(tmp_path / "demo" / "trace.jsonl").request_count()
+
+
+@pytest.mark.timeout(600)
+def test_cli_weka_sample_replays_exactly_against_sim(
+    weka_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 4's acceptance run: 30 real sessions, concurrency 8, no think gaps."""
+    run_dir = tmp_path / "weka"
+    res = _cli(
+        "run",
+        str(weka_dir),
+        "--concurrency",
+        "8",
+        "--think-scale",
+        "0",
+        "--block-tokens",
+        "4",
+        "--out",
+        str(run_dir),
+        "--quiet",
+        "--sim-args",
+        "--speed 1000",
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    trace = read_trace(weka_dir)
+    df = pd.read_parquet(run_dir / "requests")
+    assert len(df) == trace.request_count()
+    assert (df["status"] == "ok").all()
+    keys = set(zip(df["session_id"], df["request_index"], strict=True))
+    expected = {
+        (s.session_id, i)
+        for s, _ in trace.all_sessions()
+        for i in range(len(s.requests))
+    }
+    assert keys == expected
+    rows = df.set_index(["session_id", "request_index"]).sort_index()
+    for root in trace.sessions:
+        for session, _ in root.walk():
+            g = rows.loc[session.session_id]
+            assert (g["start_ns"].to_numpy()[1:] >= g["end_ns"].to_numpy()[:-1]).all()
+            for sub in session.subagents:
+                sg = rows.loc[sub.session.session_id]
+                if sub.anchor_index >= 0:
+                    assert sg["start_ns"].min() >= g.loc[sub.anchor_index, "end_ns"]
+                if sub.join_index is not None:
+                    assert sg["end_ns"].max() <= g.loc[sub.join_index, "start_ns"]
+    # The server's own accounting, request by request and in its counters.
+    assert (df["server_prompt_tokens"] == df["prompt_tokens"]).all()
+    assert (df["output_tokens"] == df["trace_output_tokens"].clip(lower=1)).all()
+    assert df["cached_tokens"].notna().all()
+    metrics = pd.read_parquet(run_dir / "server_metrics.parquet")
+    hits = metrics[metrics["metric"] == "vllm:prefix_cache_hits_total"].sort_values(
+        "scrape_ns"
+    )
+    assert hits["value"].iloc[-1] - hits["value"].iloc[0] == df["cached_tokens"].sum()
+
+
+@pytest.mark.timeout(300)
+def test_cli_mooncake_timestamps_speedup_for_30s(
+    mooncake_file: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "mc"
+    res = _cli(
+        "run",
+        str(mooncake_file),
+        "--timestamps",
+        "--speedup",
+        "20",
+        "--duration",
+        "30",
+        "--block-tokens",
+        "16",
+        "--out",
+        str(run_dir),
+        "--quiet",
+        "--sim-args",
+        "--speed 100",
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    df = pd.read_parquet(run_dir / "requests")
+    assert len(df) > 1000
+    assert (df["status"] == "ok").mean() > 0.99
+    # Requests went out at their trace times / 20 (ms-level client lag at most).
+    assert df["scheduled_ns"].max() <= 30e9
+    lag = df["start_ns"] - df["scheduled_ns"]
+    assert lag.median() < 20e6
+    trace = read_trace(mooncake_file)
+    first = {s.session_id: s.start_s for s in trace.sessions}
+    exp = df["session_id"].map(first) * 1e9 / 20
+    assert (df["scheduled_ns"] - exp).abs().max() < 1e6
