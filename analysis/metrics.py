@@ -186,17 +186,20 @@ def itl_ms(df: pd.DataFrame) -> FloatArray:
     fewer than two chunks contributes no gap. A chunk carrying several tokens counts
     as one gap (what a user sees).
     """
-    arr = pa.array(df["chunk_times_ns"][measured_ok(df)])
+    keep = measured_ok(df)
+    arr = pa.array(df["chunk_times_ns"])  # Arrow-backed column: no Python objects
     lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy()
-    values = pc.list_flatten(arr).to_numpy()
+    values = pc.list_flatten(arr).to_numpy()  # null lists contribute nothing
     if values.size < 2:
         return np.zeros(0, dtype=np.float64)
-    gaps = np.diff(values).astype(np.float64)
-    within = np.ones(gaps.size, dtype=bool)
+    # Gap k joins values k and k+1: valid when both are in one kept row, i.e. k+1
+    # does not start a row and k's row is kept.
+    within = np.ones(values.size - 1, dtype=bool)
     starts = np.cumsum(lengths)[:-1]  # flat index where each following row begins
     starts = starts[(starts > 0) & (starts < values.size)]
     within[starts - 1] = False
-    return gaps[within] / _NS_PER_MS
+    within &= np.repeat(keep, lengths)[:-1]
+    return np.diff(values)[within] / _NS_PER_MS
 
 
 def interactivity_tok_s(df: pd.DataFrame) -> dict[str, float]:

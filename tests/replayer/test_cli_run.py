@@ -78,12 +78,15 @@ def test_cli_run_against_builtin_sim(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert "12 requests (12 ok" in res.stdout
     df = pd.read_parquet(tmp_path / "run" / "requests")
-    assert len(df) == 12 and (df["status"] == "ok").all()
+    assert len(df) == 12
+    assert (df["status"] == "ok").all()
     assert (df["server_prompt_tokens"] == df["prompt_tokens"]).all()
     assert (df["output_tokens"] == 8).all()
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert meta["simulated"] is True and meta["model"] == "sim"
-    assert meta["trace"]["content_hash"] and meta["counts"]["ok"] == 12
+    assert meta["simulated"] is True
+    assert meta["model"] == "sim"
+    assert meta["trace"]["content_hash"]
+    assert meta["counts"]["ok"] == 12
     assert (tmp_path / "run" / "server_metrics.parquet").exists()
 
 
@@ -101,21 +104,24 @@ def test_cli_run_refused_endpoint_is_one_line_exit_2(tmp_path: Path) -> None:
         str(tmp_path / "r"),
     )
     assert res.returncode == 2
-    assert res.stderr.startswith("Error: cannot reach") and res.stderr.count("\n") == 1
+    assert res.stderr.startswith("Error: cannot reach")
+    assert res.stderr.count("\n") == 1
     assert "Traceback" not in res.stderr
 
 
 def test_cli_run_bad_url_and_bad_trace_exit_2(tmp_path: Path) -> None:
     trace = _small_trace(tmp_path / "t.jsonl")
     res = _cli("run", str(trace), "--endpoint", "localhost:8000", "--model", "m")
-    assert res.returncode == 2 and "http(s) URL" in res.stderr
+    assert res.returncode == 2
+    assert "http(s) URL" in res.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text(
         '{"id": "x", "block_size": 64, "requests": [{"type": "n", "in": -1}]}\n'
     )
     res = _cli("run", str(bad), "--quiet")
     assert res.returncode == 2
-    assert res.stderr.startswith("Error: ") and "Traceback" not in res.stderr
+    assert res.stderr.startswith("Error: ")
+    assert "Traceback" not in res.stderr
     assert "field 'in'" in res.stderr
 
 
@@ -150,9 +156,10 @@ def test_cli_run_interrupt_flushes_and_exits_130(
         time.sleep(0.2)
     time.sleep(0.5)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert "interrupted" in err and "Traceback" not in err
+    assert "interrupted" in err
+    assert "Traceback" not in err
     df = pd.read_parquet(run_dir / "requests")
     assert (df["status"] == "cancelled").sum() >= 1
     assert (df["status"] == "ok").sum() >= 1
@@ -182,7 +189,8 @@ def test_cli_sweep_runs_one_dir_per_level(tmp_path: Path) -> None:
         meta = json.loads((tmp_path / "sw" / level / "run.json").read_text())
         assert meta["mode"]["concurrency"] == n
         df = pd.read_parquet(tmp_path / "sw" / level / "requests")
-        assert len(df) == 12 and df["lanes_at_send"].max() <= n
+        assert len(df) == 12
+        assert df["lanes_at_send"].max() <= n
     salts = {
         json.loads((tmp_path / "sw" / lv / "run.json").read_text())["salt"]
         for lv in ("c1", "c3")
@@ -193,7 +201,8 @@ def test_cli_sweep_runs_one_dir_per_level(tmp_path: Path) -> None:
 def test_cli_demo(tmp_path: Path) -> None:
     res = _cli("demo", "--quiet", "--out", str(tmp_path / "demo"), timeout=180)
     assert res.returncode == 0, res.stderr
-    assert "ok" in res.stdout and "TTFT" in res.stdout
+    assert "ok" in res.stdout
+    assert "TTFT" in res.stdout
     runs = list((tmp_path / "demo" / "runs").iterdir())
     assert len(runs) == 1
     df = pd.read_parquet(runs[0] / "requests")
