@@ -108,13 +108,18 @@ def timeline_plot(run: Run) -> str:
     has_server = not sm.empty
     fig, axes = _figure(rows=3 if has_server else 2, height=2.4)
     if sent.any():
-        t0, t1 = np.nanmin(start[sent]), np.nanmax(end[sent])
-        bins = np.linspace(t0, max(t1, t0 + 1), 101)
+        # Each ok request decodes its output tokens evenly from first token to end:
+        # +rate at its first token, -rate at its end; the running sum is tok/s.
         ok = m.has_status(df, "ok") & sent
+        first = m.column(df, "first_token_ns")
         out = np.nan_to_num(m.column(df, "output_tokens"))
-        tokens, _ = np.histogram(end[ok], bins=bins, weights=out[ok])
-        width_s = (bins[1] - bins[0]) / _NS_PER_S
-        axes[0].step(bins[:-1] / _NS_PER_S, tokens / width_s, where="post")
+        span = (end - first) / _NS_PER_S
+        dec = ok & ~np.isnan(first) & (span > 0)
+        rate = out[dec] / span[dec]
+        t = np.concatenate([first[dec], end[dec]])
+        order = np.argsort(t, kind="stable")
+        steps = np.concatenate([rate, -rate])[order]
+        axes[0].step(t[order] / _NS_PER_S, np.cumsum(steps), where="post")
         events = np.concatenate([start[sent], end[sent]])
         steps = np.concatenate([np.ones(sent.sum()), -np.ones(sent.sum())])
         order = np.argsort(events, kind="stable")
