@@ -181,6 +181,7 @@ def miss_impact(requests: pd.DataFrame, *, tolerance_tokens: int) -> dict[str, A
             "requests_reporting": 0,
             "requests_with_miss": None,
             "missed_tokens": None,
+            "ttft_p90_ms": NAN,
             "ttft_p90_ms_full_hit": NAN,
             "ttft_p90_ms_with_miss": NAN,
             "slow_with_miss_fraction": NAN,
