@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -40,6 +41,9 @@ class ParquetRecorder:
         self._seq = 0
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._closing = False
+        # Flushes run in worker threads; one at a time, each to its own file.
+        self._lock = threading.Lock()
         self._metadata = metadata or {}
         self.rows_written = 0
         self.max_pending = 0  # peak queue depth: reported, never blocks the timed path
@@ -75,26 +79,37 @@ class ParquetRecorder:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # Let the writer finish the flush it may be in (a thread cannot be cancelled),
+        # then write what is left. Runs to the end even when the run was cancelled.
+        self._closing = True
+        self._wake.set()
+        cancelled = False
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        # Final flush runs even when the run was cancelled.
-        await asyncio.shield(asyncio.to_thread(self._flush_sync, True))
+            try:
+                await _finish(self._task)
+            except asyncio.CancelledError:
+                cancelled = True
+        final = asyncio.ensure_future(asyncio.to_thread(self._flush_sync, True))
+        try:
+            await _finish(final)
+        except asyncio.CancelledError:
+            cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _writer(self) -> None:
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.flush_interval_s):
                     await self._wake.wait()
             self._wake.clear()
             await asyncio.to_thread(self._flush_sync, False)
 
-    def flush_now(self) -> None:
-        """Synchronous flush (used at shutdown)."""
-        self._flush_sync(True)
-
     def _flush_sync(self, final: bool) -> None:
+        with self._lock:
+            self._flush_locked(final)
+
+    def _flush_locked(self, final: bool) -> None:
         if not self._pending:
             return
         rows, self._pending = self._pending, []
@@ -119,3 +134,16 @@ class ParquetRecorder:
             return
         self._seq += 1
         self.rows_written += len(rows)
+
+
+async def _finish(task: asyncio.Future[None]) -> None:
+    """Await ``task`` to its end even if we are cancelled meanwhile; then re-raise."""
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    task.result()
+    if cancelled:
+        raise asyncio.CancelledError
