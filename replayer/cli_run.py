@@ -128,6 +128,12 @@ def _replay_options(f: F) -> F:
             help="Cut prompts longer than this (from the end); counted per row.",
         ),
         click.option(
+            "--tokenizer",
+            type=click.Path(exists=True, dir_okay=False),
+            help="A local tokenizer.json: --api chat text becomes exact in that "
+            "model's tokens (needs the 'tokenizers' package).",
+        ),
+        click.option(
             "--token-range",
             default="1000-30000",
             show_default=True,
@@ -289,6 +295,7 @@ def build_config(
             token_max=hi,
             block_tokens=opts["block_tokens"],
             max_input_tokens=opts["max_input_tokens"],
+            tokenizer=opts["tokenizer"],
         ),
         mode=mode,
         concurrency=concurrency or 1,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
@@ -19,10 +20,12 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from traces.errors import TraceError
 from traces.model import Request, Session
 from traces.textrule import CHAT_TOKENS_PER_MESSAGE, word_for_token
 
 Api = Literal["chat", "completions"]
+_WORD = re.compile(r"^ [a-z]{2,12}$")
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -40,6 +43,9 @@ class PromptConfig:
     block_tokens: int | None = None  # tokens per materialized block; None = trace's
     max_input_tokens: int | None = None  # prompts are cut (from the end) to this
     cache_bytes: int = 512 << 20  # bound on cached block fragments
+    # A local tokenizer.json: chat text is then made of words that are single tokens
+    # in that vocabulary, so message content is exact in the model's own tokens.
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.token_min < self.token_max:
@@ -84,6 +90,14 @@ class Materializer:
 
     def __init__(self, config: PromptConfig) -> None:
         self.config = config
+        self._words: list[str] | None = None
+        if config.tokenizer is not None and config.api == "chat":
+            self._words = tokenizer_words(config.tokenizer)
+        # Rule words are joined by spaces; tokenizer words carry their leading space.
+        self._sep = b"" if self._words else b" "
+        # Each chat message costs one role token under the shared rule; with a real
+        # tokenizer the template's cost is the server's to count (server_prompt_tokens).
+        self._role_tokens = 0 if self._words else CHAT_TOKENS_PER_MESSAGE
         self._cache: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
         self._cache_bytes = 0
         self.hits = 0
@@ -125,6 +139,9 @@ class Materializer:
     def _encode(self, ids: npt.NDArray[np.int64]) -> bytes:
         if self.config.api == "completions":
             return orjson.dumps(ids.tolist())[1:-1]
+        if self._words is not None:
+            words = self._words
+            return "".join(words[t % len(words)] for t in ids.tolist()).encode()
         return " ".join(word_for_token(t) for t in ids.tolist()).encode()
 
     # -- prompts -----------------------------------------------------------------
@@ -225,7 +242,8 @@ class Materializer:
         # Each message costs its role token; it is taken from the message's first
         # block (always the same block at the same place, so content stays identical
         # turn to turn) and, for a message without blocks, from the unique tail.
-        head = CHAT_TOKENS_PER_MESSAGE if bt > CHAT_TOKENS_PER_MESSAGE else 0
+        role_cost = self._role_tokens
+        head = role_cost if bt > role_cost else 0
 
         def blocks(lo: int, hi: int) -> list[bytes]:
             frags = [self._fragment(ns, h, bt) for h in ids[lo:hi]]
@@ -242,15 +260,15 @@ class Materializer:
             messages.append(("user", []))
         n_msgs = len(messages)
         from_blocks = head * sum(1 for _, parts in messages if parts)
-        overhead = n_msgs * CHAT_TOKENS_PER_MESSAGE - from_blocks
+        overhead = n_msgs * role_cost - from_blocks
         tail = max(0, keep - n_full * bt - overhead)
         if tail:
             seed = _key(self.config.salt, ns, session.session_id, request_index, "tail")
             messages[-1][1].append(self._encode(self._tokens(seed, tail)))
-        sent = n_full * bt - from_blocks + tail + n_msgs * CHAT_TOKENS_PER_MESSAGE
+        sent = n_full * bt - from_blocks + tail + n_msgs * role_cost
         body = b",".join(
-            b'{"role":"' + role.encode() + b'","content":"' + b" ".join(parts) + b'"}'
-            for role, parts in messages
+            b'{"role":"' + r.encode() + b'","content":"' + self._sep.join(parts) + b'"}'
+            for r, parts in messages
         )
         return Prompt(
             fragment=b'"messages":[' + body + b"]",
@@ -277,3 +295,29 @@ class Materializer:
                 reply = n + prev.output_tokens // bs
                 cuts.extend((max(n, cuts[-1]), max(min(reply, n_full), cuts[-1])))
         return cuts
+
+
+def tokenizer_words(path: str) -> list[str]:
+    """Words (with their leading space) that are exactly one token each in the
+    tokenizer at ``path``, in vocabulary order; concatenated, they re-tokenize into
+    the same tokens."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise TraceError(
+            "--tokenizer needs the 'tokenizers' package (pip install tokenizers)"
+        ) from exc
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as exc:  # the Rust side raises its own exception type
+        raise TraceError(f"{path}: not a readable tokenizer.json: {exc}") from exc
+    ids = list(range(tok.get_vocab_size()))
+    decoded = tok.decode_batch([[i] for i in ids])
+    candidates = [(i, d) for i, d in zip(ids, decoded, strict=True) if _WORD.match(d)]
+    encoded = tok.encode_batch([d for _, d in candidates], add_special_tokens=False)
+    words = [
+        d for (i, d), enc in zip(candidates, encoded, strict=True) if enc.ids == [i]
+    ]
+    if len(words) < 256:
+        raise TraceError(f"{path}: too few single-token words ({len(words)})")
+    return words

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import orjson
 import pytest
 
+from traces.errors import TraceError
 from traces.materialize import Materializer, PromptConfig
 from traces.model import Request, Session
 from traces.textrule import chat_to_token_ids
@@ -97,3 +100,33 @@ def test_materialize_rejects_bad_config() -> None:
         PromptConfig(token_min=5, token_max=5)
     with pytest.raises(ValueError, match="block_tokens"):
         PromptConfig(block_tokens=0)
+
+
+def test_materialize_tokenizer_text_is_exact_in_model_tokens(shared_data: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    path = shared_data.parent / "models" / "tiny-random-llama" / "tokenizer.json"
+    if not path.is_file():
+        pytest.skip(f"no tokenizer at {path}")
+    tok = tokenizers.Tokenizer.from_file(str(path))
+    s = _session(([1, 2], 10), ([1, 2, 3, 4], 19), block_size=4)
+    m = Materializer(PromptConfig(api="chat", salt="x", tokenizer=str(path)))
+    prev = None
+    for i, req in enumerate(s.requests):
+        p = m.prompt(s, i, "s")
+        msgs = orjson.loads(b"{" + p.fragment + b"}")["messages"]
+        counted = sum(
+            len(tok.encode(msg["content"], add_special_tokens=False).ids)
+            for msg in msgs
+        )
+        assert counted == p.prompt_tokens == req.input_tokens
+        if prev is not None:
+            assert msgs[: len(prev) - 1] == prev[:-1]
+        prev = msgs
+
+
+def test_materialize_bad_tokenizer_is_a_trace_error(tmp_path: Path) -> None:
+    pytest.importorskip("tokenizers")
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{}")
+    with pytest.raises(TraceError, match="tokenizer"):
+        Materializer(PromptConfig(api="chat", tokenizer=str(bad)))
