@@ -94,15 +94,21 @@ def _grid(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def format_summaries(summaries: Sequence[dict[str, Any]]) -> str:
-    """The `analyze` table: one row per figure, one column per run."""
-    header = ["", *(s["run"]["name"] for s in summaries)]
+def summary_rows(summaries: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """[label, cell per run] for each figure of :data:`ROWS` that some run has."""
     body = []
     for label, get, kind in ROWS:
         cells = [fmt_value(get(s), kind) for s in summaries]
         if all(c == "-" for c in cells) and kind != "int":
             continue
         body.append([label, *cells])
+    return body
+
+
+def format_summaries(summaries: Sequence[dict[str, Any]]) -> str:
+    """The `analyze` table: one row per figure, one column per run."""
+    header = ["", *(s["run"]["name"] for s in summaries)]
+    body = summary_rows(summaries)
     for status in summaries[0]["errors"] if summaries else ():
         cells = [fmt_value(s["errors"].get(status, 0), "int") for s in summaries]
         if any(c != "0" for c in cells):
