@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import tempfile
 import threading
 from pathlib import Path
 from types import TracebackType
@@ -129,11 +130,26 @@ class ParquetRecorder:
                 tmp.unlink(missing_ok=True)
             if final:
                 raise RecorderError(
-                    f"{path}: cannot write {len(rows)} rows: {exc.strerror or exc}"
+                    f"{path}: cannot write {len(self._pending)} rows "
+                    f"({exc.strerror or exc}); {self._rescue()}"
                 ) from exc
             return
         self._seq += 1
         self.rows_written += len(rows)
+
+    def _rescue(self) -> str:
+        """Last resort for rows the run directory refused: the temp folder."""
+        rows, self._pending = self._pending, []
+        run_id = rows[0].run_id if rows else "run"
+        name = f"replayer-rescue-{run_id}-{self.worker_id:03d}-{self._seq:05d}.parquet"
+        rescue = Path(tempfile.gettempdir()) / name
+        try:
+            pq.write_table(records_to_table(rows), rescue, compression="zstd")
+        except OSError as exc:
+            self._pending = rows
+            return f"saving them to {rescue} failed too ({exc.strerror or exc})"
+        self.rows_written += len(rows)
+        return f"they were saved to {rescue}"
 
 
 async def _finish(task: asyncio.Future[None]) -> None:
