@@ -18,7 +18,7 @@ import pandas as pd
 
 from analysis import metrics as m
 from analysis.load import Run
-from analysis.text import ROWS, fmt_value
+from analysis.text import fmt_value, summary_rows
 
 _NS_PER_S = 1e9
 _CSS = """
@@ -196,10 +196,7 @@ def render_html(
             f"{html.escape(str(r.get('endpoint')))}{sim}; mode "
             f"{html.escape(json.dumps(r.get('mode')))}</p>"
         )
-    rows = [
-        [label, *(fmt_value(get(s), kind) for s in summaries)]
-        for label, get, kind in ROWS
-    ]
+    rows = summary_rows(summaries)
     parts.append("<h2>Summary</h2>")
     parts.append(_table(["", *(s["run"]["name"] for s in summaries)], rows))
     parts.append("<h2>Latency</h2>")
