@@ -309,6 +309,7 @@ async def replay_trace(
             else None,
         )
         _write_run_json(run_dir / run_json_name, meta)
+        await clock.sleep_until(t0)  # workers share a zero slightly in the future
         scraper = MetricsScraper(config.endpoint, client.session, clock, t0)
         side_stop = asyncio.Event()
         tree_tasks: set[asyncio.Task[None]] = set()

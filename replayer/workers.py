@@ -33,6 +33,9 @@ def _worker(
 ) -> None:
     try:
         trace = read_trace(trace_path)
+        # Two barrier rounds: all loaded; one sets the shared zero; all read it.
+        if barrier.wait() == 0:
+            t0.value = time.perf_counter_ns() + _START_DELAY_NS
         barrier.wait()
         summary = asyncio.run(
             replay_trace(
@@ -67,11 +70,7 @@ def replay_with_workers(
     ctx = mp.get_context("spawn")
     n = config.workers
     t0 = ctx.Value("q", 0)
-
-    def set_t0() -> None:
-        t0.value = time.perf_counter_ns() + _START_DELAY_NS
-
-    barrier = ctx.Barrier(n, action=set_t0)
+    barrier = ctx.Barrier(n)
     results = ctx.Queue()
     procs = []
     for k in range(n):
@@ -119,6 +118,16 @@ def replay_with_workers(
     meta["trace"]["requests"] = trace.request_count()
     (run_dir / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     del progress
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(
+        run_dir / "requests", columns=["status", "ttft_ns", "output_tokens"]
+    )
+    ok = table.filter(pc.equal(table["status"], "ok"))
+    ttft = ok["ttft_ns"].drop_null().to_numpy()
+    out_tokens = float(pc.sum(ok["output_tokens"]).as_py() or 0)
     return RunSummary(
         run_dir=run_dir,
         run_id=run_id,
@@ -128,7 +137,7 @@ def replay_with_workers(
         skipped=counts.get("skipped", 0),
         duration_s=duration,
         interrupted=False,
-        p90_ttft_ms=None,
-        output_tok_s=0.0,
+        p90_ttft_ms=float(np.percentile(ttft, 90)) / 1e6 if ttft.size else None,
+        output_tok_s=out_tokens / duration if duration > 0 else 0.0,
         counts=counts,
     )

@@ -300,3 +300,34 @@ def test_cli_mooncake_timestamps_speedup_for_30s(
     first = {s.session_id: s.start_s for s in trace.sessions}
     exp = df["session_id"].map(first) * 1e9 / 20
     assert (df["scheduled_ns"] - exp).abs().max() < 1e6
+
+
+def test_cli_run_workers_share_one_zero_and_one_run_dir(tmp_path: Path) -> None:
+    trace = _small_trace(tmp_path / "t.jsonl", sessions=4)
+    run_dir = tmp_path / "run"
+    res = _cli(
+        "run",
+        str(trace),
+        "--workers",
+        "2",
+        "--concurrency",
+        "2",
+        "--out",
+        str(run_dir),
+        "--quiet",
+        "--sim-args",
+        "--speed 50",
+    )
+    assert res.returncode == 0, res.stderr
+    df = pd.read_parquet(run_dir / "requests")
+    assert len(df) == 16
+    assert (df["status"] == "ok").all()
+    assert sorted(df["worker_id"].unique()) == [0, 1]
+    # Each worker owns whole sessions, and both started from the same zero.
+    assert (df.groupby("session_id")["worker_id"].nunique() == 1).all()
+    assert df["start_ns"].min() >= 0
+    firsts = df[df["request_index"] == 0].groupby("worker_id")["start_ns"].min()
+    assert (firsts < 1e9).all()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["counts"]["ok"] == 16
+    assert meta["workers"] == 2
