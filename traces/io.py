@@ -214,22 +214,22 @@ def write_trace(trace: Trace, out: Path | str) -> Path:
         raise TraceError(
             f"{out}: unknown output format; use .jsonl, .jsonl.gz or .parquet"
         )
-    payload = b"".join(
-        orjson.dumps(session_to_dict(s), option=orjson.OPT_APPEND_NEWLINE)
-        for s in trace.sessions
-    )
-    if name.endswith(".gz"):
-        payload = gzip.compress(payload, compresslevel=6, mtime=0)
-    _atomic_write(out, payload)
-    return out
-
-
-def _atomic_write(out: Path, payload: bytes) -> None:
+    # One session at a time: a full AgentX corpus holds ~350M hash ids.
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    opts = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(payload)
+        raw = tmp.open("wb")
+        sink = (
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0)
+            if name.endswith(".gz")
+            else raw
+        )
+        with raw, sink:
+            for s in trace.sessions:
+                sink.write(orjson.dumps(session_to_dict(s), option=opts))
         tmp.replace(out)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise TraceError(f"{out}: cannot write: {exc.strerror or exc}") from exc
+    return out

@@ -409,7 +409,7 @@ def _request_dict(r: Request) -> dict[str, Any]:
         d["model"] = r.model
     d["in"] = r.input_tokens
     d["out"] = r.output_tokens
-    d["hash_ids"] = r.hash_ids.tolist()
+    d["hash_ids"] = r.hash_ids  # orjson writes numpy arrays natively
     d["input_types"] = list(r.input_types)
     d["output_types"] = list(r.output_types)
     if r.stop is not None:
