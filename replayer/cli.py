@@ -8,29 +8,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from replayer import __version__
+from replayer.cli_errors import errors_as_messages
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@contextmanager
-def errors_as_messages() -> Iterator[None]:
-    """Turn expected errors into `Error: <one line>` and exit status 2."""
-    from replayer.errors import ReplayerError
-    from traces.errors import TraceError
-
-    try:
-        yield
-    except (ReplayerError, TraceError) as exc:
-        click.echo(f"Error: {exc}", err=True)
-        raise SystemExit(2) from exc
 
 
 def _json_default(value: object) -> object:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from replayer.cli_errors import CommandError
+
 if TYPE_CHECKING:
     from analysis.load import Run
     from analysis.metrics import Slo
@@ -28,7 +30,7 @@ def _one_line_errors() -> Iterator[None]:
     try:
         yield
     except (ReplayerError, TraceError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise CommandError(str(exc)) from exc
 
 
 def _parse_slo(
@@ -228,5 +230,5 @@ def report(run_dirs: tuple[Path, ...], out: Path, **options: Any) -> None:
     try:
         out.write_text(page, encoding="utf-8")
     except OSError as exc:
-        raise click.ClickException(f"{out}: cannot write: {exc}") from exc
+        raise CommandError(f"{out}: cannot write: {exc}") from exc
     click.echo(f"wrote {out} ({len(runs)} run(s))")

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from replayer.cli_errors import CommandError
+
 if TYPE_CHECKING:
     from traces.generate import GeneratorConfig
 
@@ -33,7 +35,7 @@ def _resolve(
         try:
             obj = orjson.loads(config.read_bytes())
         except (OSError, orjson.JSONDecodeError) as exc:
-            raise click.ClickException(f"{config}: cannot read config: {exc}") from exc
+            raise CommandError(f"{config}: cannot read config: {exc}") from exc
         return GeneratorConfig.from_dict(obj)
     return PRESETS[preset or "agentx"]
 
@@ -121,7 +123,7 @@ def generate(
         t1 = time.perf_counter()
         write_trace(trace, out)
     except TraceError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise CommandError(str(exc)) from exc
     click.echo(
         f"wrote {out}: {len(trace):,} sessions, {trace.request_count():,} requests "
         f"({config.name}, seed {seed}; generated in {t1 - t0:.2f} s, "
@@ -143,4 +145,4 @@ def _save(config: GeneratorConfig, path: Path) -> None:
             orjson.dumps(config.to_dict(), option=orjson.OPT_INDENT_2) + b"\n"
         )
     except OSError as exc:
-        raise click.ClickException(f"{path}: cannot write config: {exc}") from exc
+        raise CommandError(f"{path}: cannot write config: {exc}") from exc

@@ -391,10 +391,12 @@ def do_run(
         from replayer.errors import ConfigError
 
         raise ConfigError(f"{run_dir}: already holds a run; choose another --out")
-    extra = {
-        "simulated": simulated,
-        "sim": {"args": opts["sim_args"]} if simulated else None,
-    }
+    extra: dict[str, Any] = {"simulated": simulated, "sim": None}
+    if simulated:
+        from replayer.simproc import sim_settings
+
+        sim_args = shlex.split(opts["sim_args"])
+        extra["sim"] = {"args": opts["sim_args"], **sim_settings(sim_args)}
     progress = None if opts["quiet"] else sys.stderr
     if opts["ray_address"]:
         from replayer.errors import ConfigError
@@ -447,7 +449,7 @@ def run(
     trace_path: Path, concurrency: int | None, out: Path | None, **opts: Any
 ) -> None:
     """Replay TRACE against an OpenAI-compatible endpoint; write a run directory."""
-    from replayer.cli import errors_as_messages
+    from replayer.cli_errors import errors_as_messages
 
     with errors_as_messages(), _endpoint(opts) as (endpoint, simulated):
         summary = do_run(
@@ -494,7 +496,7 @@ def _levels(text: str) -> list[int]:
 @_replay_options
 def sweep(trace_path: Path, levels: str, out: Path, **opts: Any) -> None:
     """Replay TRACE once per concurrency level into SWEEP_DIR/c<N>/."""
-    from replayer.cli import errors_as_messages
+    from replayer.cli_errors import errors_as_messages
 
     names = [f"c{n}" for n in _levels(levels)]
     with errors_as_messages(), _endpoint(opts) as (endpoint, simulated):
@@ -527,7 +529,7 @@ def sweep(trace_path: Path, levels: str, out: Path, **opts: Any) -> None:
 def demo(out: Path, sessions: int, concurrency: int, quiet: bool) -> None:
     """Generate a small AgentX-like trace, replay it against the built-in simulator
     and print the P90 summary."""
-    from replayer.cli import errors_as_messages
+    from replayer.cli_errors import errors_as_messages
     from replayer.demo import run_demo
 
     with errors_as_messages():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from replayer.config import EndpointConfig, ReplayConfig
 from replayer.run import new_run_id, replay_trace
-from replayer.simproc import running_sim
+from replayer.simproc import running_sim, sim_settings
 from traces.generate import PRESETS, generate_trace
 from traces.io import write_trace
 from traces.materialize import PromptConfig
@@ -50,7 +50,7 @@ def run_demo(out: Path, *, sessions: int, concurrency: int, quiet: bool) -> str:
                 progress=None if quiet else sys.stderr,
                 extra_metadata={
                     "simulated": True,
-                    "sim": {"args": " ".join(_SIM_ARGS)},
+                    "sim": {"args": " ".join(_SIM_ARGS), **sim_settings(_SIM_ARGS)},
                 },
             )
         )
@@ -68,28 +68,7 @@ def run_demo(out: Path, *, sessions: int, concurrency: int, quiet: bool) -> str:
 
 
 def _summary_table(run_dir: Path) -> str:
-    try:
-        from analysis.report import render_text
-        from analysis.summary import summarize_path
-    except ImportError:
-        return _fallback_table(run_dir)
-    return render_text(summarize_path(run_dir))
+    from analysis import load_run, summarize
+    from analysis.text import format_summaries
 
-
-def _fallback_table(run_dir: Path) -> str:
-    import numpy as np
-    import pandas as pd
-
-    df = pd.read_parquet(run_dir / "requests")
-    ok = df[df["status"] == "ok"]
-    lines = [f"{'metric':<12}{'p50':>12}{'p90':>12}{'p99':>12}"]
-    for name, col in (
-        ("TTFT ms", "ttft_ns"),
-        ("TPOT ms", "tpot_ns"),
-        ("E2E ms", "e2e_ns"),
-    ):
-        vals = ok[col].dropna().to_numpy(dtype=float) / 1e6
-        if vals.size:
-            p = np.percentile(vals, [50, 90, 99])
-            lines.append(f"{name:<12}{p[0]:>12.1f}{p[1]:>12.1f}{p[2]:>12.1f}")
-    return "\n".join(lines)
+    return format_summaries([summarize(load_run(run_dir)).as_dict()])

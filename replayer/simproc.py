@@ -16,6 +16,26 @@ from replayer.errors import EndpointError
 _URL = re.compile(r"https?://\S+")
 
 
+def sim_settings(args: Sequence[str]) -> dict[str, object]:
+    """The simulator's effective settings for ``args`` (recorded in run.json)."""
+    from dataclasses import asdict
+
+    from replayer.sim.cli import sim
+    from replayer.sim.config import SimConfig
+
+    ctx = sim.make_context("sim", [*_default_args(args), *args], resilient_parsing=True)
+    params = {k: v for k, v in ctx.params.items() if k not in ("host", "port")}
+    params["accept_any_model"] = True
+    return asdict(SimConfig(**params))
+
+
+def _default_args(args: Sequence[str]) -> list[str]:
+    # Room for the largest AgentX requests (~840K tokens) unless the caller says.
+    if any(a.startswith(("--max-model-len", "--kv-capacity-tokens")) for a in args):
+        return []
+    return ["--max-model-len", str(1 << 20), "--kv-capacity-tokens", str(1 << 21)]
+
+
 @contextlib.contextmanager
 def running_sim(
     args: Sequence[str] = (), *, startup_timeout_s: float = 60.0
@@ -31,11 +51,9 @@ def running_sim(
         "--port",
         "0",
         "--accept-any-model",
+        *_default_args(args),
+        *args,
     ]
-    # Room for the largest AgentX requests (~840K tokens) unless the caller says.
-    if not any(a.startswith(("--max-model-len", "--kv-capacity-tokens")) for a in args):
-        cmd += ["--max-model-len", str(1 << 20), "--kv-capacity-tokens", str(1 << 21)]
-    cmd += list(args)
     proc = subprocess.Popen(
         cmd,
         stdin=subprocess.DEVNULL,

@@ -91,6 +91,7 @@ class Materializer:
     def __init__(self, config: PromptConfig) -> None:
         self.config = config
         self._words: list[str] | None = None
+        self._word_table: npt.NDArray[np.object_] | None = None
         if config.tokenizer is not None and config.api == "chat":
             self._words = tokenizer_words(config.tokenizer)
         # Rule words are joined by spaces; tokenizer words carry their leading space.
@@ -119,6 +120,42 @@ class Materializer:
         head of the full one)."""
         return self._tokens(_key(self.config.salt, namespace, hash_id), n)
 
+    def _fragments(self, namespace: str, hash_ids: list[int], n: int) -> list[bytes]:
+        """Fragments of many full blocks; the missing ones generated in one batch."""
+        cache = self._cache
+        out: list[bytes | None] = []
+        missing: list[int] = []
+        for k, h in enumerate(hash_ids):
+            key = (namespace, h, n)
+            frag = cache.get(key)
+            if frag is None:
+                missing.append(k)
+            else:
+                cache.move_to_end(key)
+            out.append(frag)
+        self.hits += len(hash_ids) - len(missing)
+        if missing:
+            self.misses += len(missing)
+            salt = self.config.salt
+            seeds = np.array(
+                [_key(salt, namespace, hash_ids[k]) for k in missing], dtype=np.uint64
+            )
+            span = np.uint64(self.config.token_max - self.config.token_min)
+            grid = seeds[:, None] + np.arange(n, dtype=np.uint64)[None, :]
+            tokens = (_splitmix64(grid) % span).astype(np.int64) + self.config.token_min
+            for k, row in zip(missing, tokens, strict=True):
+                frag = self._encode(row)
+                out[k] = frag
+                self._store((namespace, hash_ids[k], n), frag)
+        return out  # type: ignore[return-value]
+
+    def _store(self, key: tuple[str, int, int], frag: bytes) -> None:
+        self._cache[key] = frag
+        self._cache_bytes += len(frag)
+        while self._cache_bytes > self.config.cache_bytes and self._cache:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= len(old)
+
     def _fragment(self, namespace: str, hash_id: int, n: int) -> bytes:
         key = (namespace, hash_id, n)
         cached = self._cache.get(key)
@@ -127,22 +164,28 @@ class Materializer:
             self.hits += 1
             return cached
         self.misses += 1
-        ids = self.block_token_ids(namespace, hash_id, n)
-        frag = self._encode(ids)
-        self._cache[key] = frag
-        self._cache_bytes += len(frag)
-        while self._cache_bytes > self.config.cache_bytes and self._cache:
-            _, old = self._cache.popitem(last=False)
-            self._cache_bytes -= len(old)
+        frag = self._encode(self.block_token_ids(namespace, hash_id, n))
+        self._store(key, frag)
         return frag
 
     def _encode(self, ids: npt.NDArray[np.int64]) -> bytes:
         if self.config.api == "completions":
             return orjson.dumps(ids.tolist())[1:-1]
-        if self._words is not None:
-            words = self._words
-            return "".join(words[t % len(words)] for t in ids.tolist()).encode()
-        return " ".join(word_for_token(t) for t in ids.tolist()).encode()
+        table = self._table()
+        words = table[ids - self.config.token_min] if ids.size else ()
+        return (self._sep.decode() if self._words else " ").join(words).encode()
+
+    def _table(self) -> npt.NDArray[np.object_]:
+        """Text of every token id in [token_min, token_max), built once."""
+        if self._word_table is None:
+            lo, hi = self.config.token_min, self.config.token_max
+            if self._words is not None:
+                w = self._words
+                table = [w[t % len(w)] for t in range(lo, hi)]
+            else:
+                table = [word_for_token(t) for t in range(lo, hi)]
+            self._word_table = np.array(table, dtype=object)
+        return self._word_table
 
     # -- prompts -----------------------------------------------------------------
 
@@ -197,13 +240,12 @@ class Materializer:
         dropped = total - keep
         if self.config.api == "chat":
             return self._chat(session, request_index, ns, ids, bt, keep, dropped)
-        frags: list[bytes] = []
-        left = keep
-        for h in ids[:n_full]:
-            if left <= 0:
-                break
+        whole = min(n_full, keep // bt)
+        frags = self._fragments(ns, ids[:whole], bt)
+        left = keep - whole * bt
+        if left > 0 and whole < n_full:  # cut inside a block: its head
             take = min(bt, left)
-            frags.append(self._fragment(ns, h, take))
+            frags.append(self._fragment(ns, ids[whole], take))
             left -= take
         blocks = len(frags)
         if left > 0 and hashed_partial:
@@ -246,7 +288,7 @@ class Materializer:
         head = role_cost if bt > role_cost else 0
 
         def blocks(lo: int, hi: int) -> list[bytes]:
-            frags = [self._fragment(ns, h, bt) for h in ids[lo:hi]]
+            frags = self._fragments(ns, ids[lo:hi], bt)
             if frags and head:
                 frags[0] = self._fragment(ns, ids[lo], bt - head)
             return frags

@@ -154,7 +154,7 @@ def test_analyze_sweep_marks_pareto_front(
 def test_analyze_errors_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     result = CliRunner().invoke(main, ["analyze", str(tmp_path / "empty")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.count("\n") == 1
     assert "not a run directory" in result.output
     result = CliRunner().invoke(main, ["analyze", str(tmp_path), "--slo", "x=1"])
@@ -171,7 +171,7 @@ def test_analyze_lru_needs_a_trace(
     result = CliRunner().invoke(
         main, ["analyze", str(path), "--kv-capacity-tokens", "1000"]
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "names no trace path" in result.output
 
 
