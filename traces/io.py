@@ -88,8 +88,8 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
     except orjson.JSONDecodeError as line_error:
         # Not JSONL either: one (pretty-printed) document, whose own error has the
         # line that is really wrong.
-        exc = whole_error or line_error
-        problems.append(_json_error(path, exc.lineno, exc))
+        err = whole_error or line_error
+        problems.append(_json_error(path, err.lineno, err))
         return [], "native"
     if looks_like_mooncake(first):
         return _parse_mooncake(path, data, problems), "mooncake"
