@@ -171,6 +171,12 @@ def _replay_options(f: F) -> F:
             help="Cap on requests in flight.",
         ),
         click.option(
+            "--api-key",
+            metavar="KEY",
+            help="API key (prefer --api-key-env: flags show in process lists). "
+            "Sent as a Bearer token; never recorded.",
+        ),
+        click.option(
             "--api-key-env",
             default="OPENAI_API_KEY",
             show_default=True,
@@ -275,7 +281,7 @@ def build_config(
     from replayer.run import new_run_id
 
     salt = "" if opts["no_cache_bust"] else opts["salt"] or new_run_id()
-    api_key = os.environ.get(opts["api_key_env"]) or None
+    api_key = opts.get("api_key") or os.environ.get(opts["api_key_env"]) or None
     return ReplayConfig(
         endpoint=EndpointConfig(
             base_url=endpoint,
@@ -381,7 +387,7 @@ def do_run(
     from traces.io import read_trace
 
     trace = read_trace(trace_path)
-    api_key = os.environ.get(opts["api_key_env"]) or None
+    api_key = opts.get("api_key") or os.environ.get(opts["api_key_env"]) or None
     if model is None:
         model = _run_async(lambda: _served_model(endpoint, api_key))
     config = build_config(opts, endpoint=endpoint, model=model, concurrency=concurrency)

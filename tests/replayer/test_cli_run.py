@@ -331,3 +331,24 @@ def test_cli_run_workers_share_one_zero_and_one_run_dir(tmp_path: Path) -> None:
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["counts"]["ok"] == 16
     assert meta["workers"] == 2
+
+
+def test_cli_api_key_is_never_written(tmp_path: Path) -> None:
+    trace = _small_trace(tmp_path / "t.jsonl", sessions=1, turns=2)
+    run_dir = tmp_path / "run"
+    secret = "sk-cli-secret-42"
+    res = _cli(
+        "run",
+        str(trace),
+        "--api-key",
+        secret,
+        "--out",
+        str(run_dir),
+        "--sim-args",
+        "--speed 50",
+    )
+    assert res.returncode == 0, res.stderr
+    assert secret not in res.stdout + res.stderr
+    for f in run_dir.rglob("*"):
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f
