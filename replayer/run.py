@@ -33,7 +33,7 @@ from replayer.scrape import MetricsScraper
 from replayer.session import RunState, play_tree
 from traces.materialize import Materializer
 from traces.model import Session, Trace
-from traces.stats import ideal_cached_tokens, trace_stats
+from traces.stats import ideal_cached_tokens
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,8 +220,12 @@ async def replay_trace(
     clock = clock or MonotonicClock()
     run_id = run_id or new_run_id()
     trace = _shard(trace, config)
-    stats = trace_stats(trace) if trace.sessions else None
     ideal = ideal_cached_tokens(trace)
+    total_input = sum(
+        r.input_tokens for s, _ in trace.all_sessions() for r in s.requests
+    )
+    ideal_rate = sum(ideal.values()) / total_input if total_input else None
+    block_sizes = sorted({s.block_size for s, _ in trace.all_sessions()})
     total_requests = trace.request_count()
     materializer = Materializer(config.prompt)
     content_hash = (
@@ -240,10 +244,8 @@ async def replay_trace(
             "format": trace.source_format,
             "sessions": len(trace.sessions),
             "requests": total_requests,
-            "ideal_cache_hit_rate": None
-            if stats is None
-            else stats.ideal_cache_hit_rate,
-            "block_size": None if stats is None else stats.block_sizes[0],
+            "ideal_cache_hit_rate": ideal_rate,
+            "block_size": block_sizes[0] if block_sizes else None,
         },
         "endpoint": config.endpoint.base_url,
         "model": config.endpoint.model,

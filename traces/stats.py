@@ -9,6 +9,7 @@ the trace, not of one run's timing.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -21,34 +22,54 @@ from traces.model import Request, Session, Trace
 RequestKey = tuple[str, int]  # (session_id, request_index)
 
 
+def _runs(ids: npt.NDArray[np.int64]) -> tuple[list[int], list[int]]:
+    """Runs of consecutive ids: (starts, lengths). Traces number blocks in order, so
+    a request of thousands of blocks is usually a handful of runs."""
+    prev, nxt = ids[:-1], ids[1:]
+    with np.errstate(over="ignore"):  # b > a rules out a wrapped difference of 1
+        consecutive = (nxt > prev) & (nxt - prev == 1)
+    breaks = np.flatnonzero(~consecutive) + 1
+    bounds = np.concatenate(([0], breaks, [ids.size]))
+    return ids[bounds[:-1]].tolist(), np.diff(bounds).tolist()
+
+
 def _leading_seen_blocks(
     ids: list[npt.NDArray[np.int64]],
 ) -> npt.NDArray[np.int64]:
-    """For requests in order, how many leading blocks each had seen before it."""
-    n = len(ids)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    lengths = np.fromiter((a.size for a in ids), dtype=np.int64, count=n)
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(n, dtype=np.int64)
-    flat = np.concatenate(ids)
-    owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    # First request in which each id appears: a block is seen before request r iff
-    # it first appeared in a request < r.
-    _, inverse = np.unique(flat, return_inverse=True)
-    first_owner = np.full(int(inverse.max()) + 1, n, dtype=np.int64)
-    np.minimum.at(first_owner, inverse, owner)
-    seen = first_owner[inverse] < owner
-    starts = np.zeros(n, dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    pos = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
-    miss_pos = np.where(seen, np.iinfo(np.int64).max, pos)
-    out = lengths.copy()  # no miss: every block hit
-    nonempty = lengths > 0
-    first_miss = np.minimum.reduceat(miss_pos, starts[nonempty])
-    out[nonempty] = np.minimum(first_miss, lengths[nonempty])
+    """For requests in order, how many leading blocks each had seen before it.
+
+    The seen ids are kept as sorted disjoint intervals [lo, hi), so the cost is per
+    run of consecutive ids, not per block: a 350M-block corpus takes seconds.
+    """
+    out = np.zeros(len(ids), dtype=np.int64)
+    lo_list: list[int] = []  # interval starts, sorted
+    hi_list: list[int] = []  # matching ends (exclusive)
+    for r, arr in enumerate(ids):
+        if arr.size == 0:
+            continue
+        starts, lengths = _runs(arr)
+        hit = 0
+        for a, n in zip(starts, lengths, strict=True):
+            k = bisect.bisect_right(lo_list, a) - 1
+            covered = min(n, hi_list[k] - a) if k >= 0 and hi_list[k] > a else 0
+            hit += covered
+            if covered < n:
+                break
+        out[r] = hit
+        for a, n in zip(starts, lengths, strict=True):
+            _add_interval(lo_list, hi_list, a, a + n)
     return out
+
+
+def _add_interval(lo_list: list[int], hi_list: list[int], lo: int, hi: int) -> None:
+    """Insert [lo, hi) into sorted disjoint intervals, merging overlaps/neighbours."""
+    i = bisect.bisect_left(hi_list, lo)  # first interval ending at or after lo
+    j = bisect.bisect_right(lo_list, hi)  # past the last starting at or before hi
+    if i < j:
+        lo = min(lo, lo_list[i])
+        hi = max(hi, hi_list[j - 1])
+    lo_list[i:j] = [lo]
+    hi_list[i:j] = [hi]
 
 
 def _namespaces(trace: Trace) -> Iterable[list[tuple[Session, int, Request]]]:
