@@ -68,6 +68,29 @@ def think_ns(state: RunState, think_time_s: float) -> int:
     return int(gap * 1e9)
 
 
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """Where a session sits in its tree, and where its blocks' content comes from."""
+
+    session: Session
+    root: Session
+    parent_id: str | None
+    depth: int
+    replay: int
+
+    @property
+    def namespace(self) -> str:
+        # Local hash ids are scoped to the session tree; global ones to the trace.
+        return (
+            self.root.session_id if self.session.hash_id_scope == "local" else "global"
+        )
+
+    def child(self, sub: Session) -> _Place:
+        return _Place(
+            sub, self.root, self.session.session_id, self.depth + 1, self.replay
+        )
+
+
 def _body(state: RunState, fragment: bytes, max_tokens: int) -> bytes:
     ep = state.config.endpoint
     tail = b',"max_tokens":%d,"stream":true' % max_tokens
@@ -87,33 +110,18 @@ async def play_tree(
     try:
         async with asyncio.TaskGroup() as tg:
             await _play_session(
-                state,
-                root,
-                root=root,
-                parent_id=None,
-                depth=0,
-                replay=replay,
-                start_abs_ns=start_abs_ns,
-                tg=tg,
+                state, _Place(root, root, None, 0, replay), start_abs_ns, tg
             )
     finally:
         state.lanes -= 1
 
 
 async def _play_session(
-    state: RunState,
-    session: Session,
-    *,
-    root: Session,
-    parent_id: str | None,
-    depth: int,
-    replay: int,
-    start_abs_ns: int,
-    tg: asyncio.TaskGroup,
+    state: RunState, place: _Place, start_abs_ns: int, tg: asyncio.TaskGroup
 ) -> None:
     clock = state.clock
     cfg = state.config
-    namespace = root.session_id if session.hash_id_scope == "local" else "global"
+    session = place.session
     spawned: dict[int, list[asyncio.Task[None]]] = {}
 
     def spawn(anchor: int, at_abs_ns: int) -> None:
@@ -123,16 +131,7 @@ async def _play_session(
             first = sub.session.requests[0] if sub.session.requests else None
             delay = think_ns(state, first.think_time_s) if first else 0
             task = tg.create_task(
-                _play_session(
-                    state,
-                    sub.session,
-                    root=root,
-                    parent_id=session.session_id,
-                    depth=depth + 1,
-                    replay=replay,
-                    start_abs_ns=at_abs_ns + delay,
-                    tg=tg,
-                ),
+                _play_session(state, place.child(sub.session), at_abs_ns + delay, tg),
                 name=f"subagent-{sub.session.session_id}-{k}",
             )
             if sub.join_index is not None:
@@ -160,46 +159,29 @@ async def _play_session(
         await clock.sleep_until(due)
         if state.past_stop(clock.now_ns()):
             return
-        record = await _request(
-            state, session, i, root, parent_id, depth, namespace, replay, due
-        )
+        record = await _request(state, place, i, due)
         prev_end_abs = state.t0_ns + (record.end_ns or state.rel(clock.now_ns()))
         if record.status != "ok":
-            _skip_rest(state, session, i + 1, root, parent_id, depth)
+            _skip_rest(state, place, i + 1)
             return
         spawn(i, prev_end_abs)
 
 
-def _skip_rest(
-    state: RunState,
-    session: Session,
-    first: int,
-    root: Session,
-    parent_id: str | None,
-    depth: int,
-) -> None:
+def _skip_rest(state: RunState, place: _Place, first: int) -> None:
     now_rel = state.rel(state.clock.now_ns())
-    for i in range(first, len(session.requests)):
-        state.recorder.put(
-            _base_record(state, session, i, root, parent_id, depth, now_rel, "skipped")
-        )
+    for i in range(first, len(place.session.requests)):
+        state.recorder.put(_base_record(state, place, i, now_rel, "skipped"))
         state.skipped += 1
-    for sub in session.subagents:
+    for sub in place.session.subagents:
         # Subagents anchored at the failed request (first - 1) never spawn either.
         if sub.anchor_index >= first - 1:
-            _skip_rest(state, sub.session, 0, root, session.session_id, depth + 1)
+            _skip_rest(state, place.child(sub.session), 0)
 
 
 def _base_record(
-    state: RunState,
-    session: Session,
-    i: int,
-    root: Session,
-    parent_id: str | None,
-    depth: int,
-    scheduled_rel: int,
-    status: str,
+    state: RunState, place: _Place, i: int, scheduled_rel: int, status: str
 ) -> RequestRecord:
+    session = place.session
     req = session.requests[i]
     sent, dropped = state.materializer.sent_tokens(session, req)
     max_tokens = max(1, req.output_tokens)
@@ -207,9 +189,9 @@ def _base_record(
         run_id=state.run_id,
         worker_id=state.config.worker_id,
         session_id=session.session_id,
-        root_session_id=root.session_id,
-        parent_session_id=parent_id,
-        agent_depth=depth,
+        root_session_id=place.root.session_id,
+        parent_session_id=place.parent_id,
+        agent_depth=place.depth,
         request_index=i,
         scheduled_ns=scheduled_rel,
         trace_input_tokens=req.input_tokens,
@@ -230,20 +212,11 @@ def _ideal(state: RunState, session: Session, i: int, sent: int) -> int:
 
 
 async def _request(
-    state: RunState,
-    session: Session,
-    i: int,
-    root: Session,
-    parent_id: str | None,
-    depth: int,
-    namespace: str,
-    replay: int,
-    due_abs: int,
+    state: RunState, place: _Place, i: int, due_abs: int
 ) -> RequestRecord:
-    rec = _base_record(
-        state, session, i, root, parent_id, depth, state.rel(due_abs), "ok"
-    )
-    prompt = state.materializer.prompt(session, i, namespace, replay=replay)
+    session = place.session
+    rec = _base_record(state, place, i, state.rel(due_abs), "ok")
+    prompt = state.materializer.prompt(session, i, place.namespace, replay=place.replay)
     rec.prompt_tokens = prompt.prompt_tokens
     rec.dropped_input_tokens = prompt.dropped_tokens
     rec.ideal_cached_tokens = min(rec.ideal_cached_tokens, prompt.prompt_tokens)
