@@ -1,0 +1,140 @@
+"""Replays of real Weka sessions against vLLM's CPU build (tiny-random-llama, 4,096
+positions, 128-token KV blocks), through both APIs, checked against vLLM's own
+counters: cached tokens, the prefix-cache ideal at vLLM's block size, TTFT histogram.
+
+Started by `bash .ci/engines.sh -- pytest -m e2e tests/e2e`; skipped without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.e2e.conftest import Engine
+from tests.e2e.helpers import (
+    Run,
+    block_prefix_ideal,
+    chat_messages,
+    histogram_delta,
+    histogram_quantile,
+    last_scrape,
+    prompt_token_ids,
+    replay,
+    report,
+    scrape,
+    total,
+    vllm_tokenize,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+# Four real sessions (one with 4 subagents): 84 requests. Contexts of ~100K tokens in
+# 64-token blocks become ~1.6K tokens with 1 token per block, cut at 3,000 so that
+# prompt + output fit the model's 4,096 positions.
+SESSIONS = ("trace_0208", "trace_0718", "trace_0369", "trace_0277")
+OUT_CAP = 32
+VLLM_BLOCK = 128  # vLLM's KV block (tokens) on its CPU backend
+SHRINK = ("--block-tokens", "1", "--max-input-tokens", "3000", "--concurrency", "4")
+
+
+@pytest.fixture(scope="module")
+def subset(weka_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.e2e.helpers import weka_subset
+
+    out = tmp_path_factory.mktemp("vllm-trace") / "subset.jsonl"
+    return weka_subset(weka_dir, SESSIONS, OUT_CAP, out)
+
+
+def _replay(
+    engine: Engine, trace: Path, out: Path, api: str, *extra: str
+) -> tuple[Run, dict[tuple[str, str], float]]:
+    before = scrape(engine.url)
+    run = replay(
+        engine.url, engine.model, trace, out, "--api", api, *SHRINK,
+        "--engine", "vllm", *extra,
+    )  # fmt: skip
+    run.rows = run.rows.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    return run, before
+
+
+def _check_run(
+    name: str,
+    run: Run,
+    before: dict[tuple[str, str], float],
+    prompts: list[list[int]],
+) -> None:
+    rows = run.rows
+    bad = rows[rows["status"] != "ok"]
+    assert bad.empty, bad[["status", "error_type", "error_message"]].to_string()
+    assert len(rows) == 84
+
+    # ignore_eos + min_tokens: every response is exactly as long as requested.
+    assert (rows["output_tokens"] == rows["requested_output_tokens"]).all()
+    assert (rows["requested_output_tokens"] <= OUT_CAP).all()
+    # The server counted the prompts we sent.
+    assert [len(p) for p in prompts] == rows["server_prompt_tokens"].tolist()
+
+    # Σ cached_tokens (usage.prompt_tokens_details) == Δ vllm:prefix_cache_hits_total.
+    after = last_scrape(run.metrics)
+    hits = "vllm:prefix_cache_hits_total"
+    assert rows["cached_tokens"].notna().all(), "--enable-prompt-tokens-details is off?"
+    cached = int(rows["cached_tokens"].sum())
+    assert cached == total(after, hits) - total(before, hits)
+
+    # The ideal at vLLM's granularity (full 128-token blocks, never the last token),
+    # from the token ids sent, is what vLLM hit, request by request: the cache never
+    # evicted (1 GiB of KV is ~500K tokens of this model) and each request's prefix
+    # was computed before it was sent.
+    ideal_128 = block_prefix_ideal(prompts, VLLM_BLOCK)
+    assert rows["cached_tokens"].tolist() == ideal_128
+    # Our rows' ideal counts every shared trace block (here 1 token each), so it is
+    # higher by the partial last block of each shared prefix: < 128 tokens a request.
+    ours = int(rows["ideal_cached_tokens"].sum())
+    assert sum(ideal_128) <= ours <= sum(ideal_128) + VLLM_BLOCK * len(rows)
+    prompt_tokens = int(rows["server_prompt_tokens"].sum())
+
+    # Our P90 TTFT (send → first content chunk) against the P90 interpolated from
+    # vLLM's own histogram delta over the same requests: vLLM starts its clock when
+    # the request arrives and stops at the first token out of the engine, so ours is
+    # a little later (HTTP, detokenize, SSE) — it must fall in the same or the next
+    # bucket.
+    buckets = histogram_delta(before, after, "vllm:time_to_first_token_seconds")
+    assert buckets[-1][1] == len(rows)
+    est, lo, hi = histogram_quantile(buckets, 0.9)
+    p90 = float(np.percentile(rows["ttft_ns"] / 1e9, 90))
+    report(
+        name,
+        requests=len(rows),
+        hit_rate_achieved=round(cached / prompt_tokens, 4),
+        hit_rate_ideal_vllm_blocks=round(sum(ideal_128) / prompt_tokens, 4),
+        hit_rate_ideal_ours=round(ours / int(rows["prompt_tokens"].sum()), 4),
+        p90_ttft_ms_ours=round(p90 * 1e3, 1),
+        p90_ttft_ms_vllm_histogram=round(est * 1e3, 1),
+        p90_bucket_ms=[lo * 1e3, hi * 1e3],
+    )
+    assert lo * 0.8 <= p90 <= hi * 1.3 + 0.05
+
+
+def test_vllm_completions_token_ids(vllm: Engine, subset: Path, tmp_path: Path) -> None:
+    run, before = _replay(vllm, subset, tmp_path / "run", "completions")
+    prompts = prompt_token_ids(run, subset)
+    assert [len(p) for p in prompts] == run.rows["prompt_tokens"].tolist()
+    _check_run("vllm-completions", run, before, prompts)
+
+
+def test_vllm_chat_exact_tokenizer(
+    vllm: Engine, subset: Path, tmp_path: Path, tokenizer_json: Path
+) -> None:
+    run, before = _replay(
+        vllm, subset, tmp_path / "run", "chat", "--tokenizer", str(tokenizer_json)
+    )
+    # The prompt token ids vLLM built: its /tokenize on the same messages.
+    messages = chat_messages(run, subset)
+    prompts = [vllm_tokenize(vllm.url, vllm.model, m) for m in messages]
+    # Message content is exact in the model's tokens; the chat template adds the rest.
+    extra = run.rows["server_prompt_tokens"] - run.rows["prompt_tokens"]
+    assert (extra > 0).all()
+    assert (extra < 200).all()
+    _check_run("vllm-chat", run, before, prompts)
