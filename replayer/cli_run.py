@@ -335,8 +335,6 @@ def _endpoint(opts: dict[str, Any]) -> Iterator[tuple[str, bool]]:
 
 
 async def _served_model(endpoint: str, api_key: str | None) -> str:
-    import aiohttp
-
     from replayer.client import Client
     from replayer.clock import MonotonicClock
     from replayer.config import EndpointConfig
@@ -345,7 +343,10 @@ async def _served_model(endpoint: str, api_key: str | None) -> str:
     cfg = EndpointConfig(base_url=endpoint, model="?", api_key=api_key)
     async with Client(cfg, MonotonicClock(), limit=1) as client:
         models = await client.check()
-    del aiohttp
+    if models is None:
+        raise EndpointError(
+            f"{endpoint} has no /v1/models to pick a model; pass --model"
+        )
     if not models:
         raise EndpointError(f"{endpoint} lists no models; pass --model")
     return models[0]

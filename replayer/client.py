@@ -105,24 +105,31 @@ class Client:
         assert self._session is not None, "use Client as an async context manager"
         return self._session
 
-    async def check(self) -> list[str]:
-        """GET /v1/models: the served model ids. Raises EndpointError if unreachable."""
+    async def check(self) -> list[str] | None:
+        """GET /v1/models: the served model ids, or None when the server has no such
+        route (404). Raises EndpointError when the server is unreachable or refuses."""
         base = self.endpoint.base_url.rstrip("/")
         url = (base if base.endswith("/v1") else base + "/v1") + "/models"
         headers = {k: v for k, v in self._headers.items() if k == "Authorization"}
         try:
             async with asyncio.timeout(self.endpoint.connect_timeout_s + 20):
                 async with self.session.get(url, headers=headers) as resp:
+                    if resp.status == 404:
+                        return None
                     if resp.status != 200:
-                        body = (await resp.text(errors="replace"))[:200]
-                        raise EndpointError(f"{url}: HTTP {resp.status} {body.strip()}")
+                        text = _error_text(await resp.text(errors="replace"))
+                        raise EndpointError(
+                            f"{url}: HTTP {resp.status}: {_one_line(text)}"
+                        )
                     obj = await resp.json(loads=orjson.loads, content_type=None)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise EndpointError(
                 f"cannot reach {self.endpoint.base_url}: {_describe(exc)}"
             ) from exc
         except orjson.JSONDecodeError as exc:
-            raise EndpointError(f"{url}: response is not JSON") from exc
+            raise EndpointError(
+                f"{url}: not an OpenAI-compatible model list (not JSON)"
+            ) from exc
         data = obj.get("data") if isinstance(obj, dict) else None
         return [str(m.get("id")) for m in data or () if isinstance(m, dict)]
 
@@ -260,6 +267,15 @@ def _error_text(text: str) -> str:
             if msg:
                 return str(msg)[:500]
     return text.strip()[:500]
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    """Markup-free single line: error pages are HTML more often than not."""
+    import re
+
+    text = re.sub(r"<[^>]+>", " ", text)
+    text = " ".join(text.split())
+    return text[:limit] + ("..." if len(text) > limit else "")
 
 
 def _describe(exc: BaseException) -> str:

@@ -204,3 +204,28 @@ async def test_client_cancellation_propagates(aiohttp_server: Serve) -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_client_check_without_models_route_and_html_errors(
+    aiohttp_server: Serve,
+) -> None:
+    from aiohttp import web
+
+    async def html_error(request: web.Request) -> web.Response:
+        return web.Response(
+            status=503, text="<html><body><h1>Service\nUnavailable</h1></body></html>"
+        )
+
+    bare = web.Application()
+    server = await aiohttp_server(bare, host="127.0.0.1")
+    cfg = EndpointConfig(base_url=f"http://127.0.0.1:{server.port}", model="m")
+    async with Client(cfg, MonotonicClock(), limit=1) as client:
+        assert await client.check() is None  # no /v1/models: the caller decides
+    app = web.Application()
+    app.router.add_get("/v1/models", html_error)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    cfg = EndpointConfig(base_url=f"http://127.0.0.1:{server.port}", model="m")
+    async with Client(cfg, MonotonicClock(), limit=1) as client:
+        with pytest.raises(EndpointError) as info:
+            await client.check()
+    assert str(info.value).endswith("HTTP 503: Service Unavailable")
