@@ -138,3 +138,22 @@ def test_vllm_chat_exact_tokenizer(
     assert (extra > 0).all()
     assert (extra < 200).all()
     _check_run("vllm-chat", run, before, prompts)
+
+
+def test_vllm_no_extras_lets_the_model_stop(
+    vllm: Engine, weka_dir: Path, tmp_path: Path
+) -> None:
+    # --no-vllm-extras (for servers that reject ignore_eos/min_tokens): max_tokens
+    # alone is a cap, so outputs are at most as long as requested, and the run is ok.
+    from tests.e2e.helpers import weka_subset
+
+    trace = weka_subset(weka_dir, ("trace_0208",), OUT_CAP, tmp_path / "one.jsonl")
+    run = replay(
+        vllm.url, vllm.model, trace, tmp_path / "run", "--api", "completions",
+        *SHRINK, "--no-vllm-extras", "--no-keepalive",
+    )  # fmt: skip
+    rows = run.rows
+    assert (rows["status"] == "ok").all()
+    assert len(rows) == 12
+    assert (rows["output_tokens"] <= rows["requested_output_tokens"]).all()
+    assert (rows["output_tokens"] >= 1).all()
