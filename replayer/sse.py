@@ -46,6 +46,9 @@ def parse_event(lines: list[bytes]) -> Event:
     data = data.strip()
     if data == b"[DONE]":
         return DONE
+    quick = _quick(data)
+    if quick is not None:
+        return quick
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -53,6 +56,35 @@ def parse_event(lines: list[bytes]) -> Event:
     if not isinstance(obj, dict):
         return EMPTY
     return parse_chunk(obj)
+
+
+_CONTENT_KEYS = (
+    b'"content":"',
+    b'"reasoning_content":"',
+    b'"reasoning":"',
+    b'"text":"',
+)
+_FULL_PARSE = (b'"usage":{', b'"error"', b'"finish_reason":"', b'": ')
+_CONTENT_EVENT = Event(has_content=True)
+
+
+def _quick(data: bytes) -> Event | None:
+    """Decide a plain token chunk without decoding it; None: decode it fully.
+
+    Only compact JSON (vLLM, SGLang and the simulator send it) with no usage, error
+    or finish reason takes this path. A bare `"content":"` can only be a key and the
+    start of its value: inside a JSON string every quote is escaped.
+    """
+    if not (data.startswith(b"{") and data.endswith(b"}")):
+        return None
+    for marker in _FULL_PARSE:
+        if marker in data:
+            return None
+    for key in _CONTENT_KEYS:
+        i = data.find(key)
+        if i >= 0 and data[i + len(key) : i + len(key) + 1] != b'"':
+            return _CONTENT_EVENT
+    return EMPTY
 
 
 def parse_chunk(obj: dict[str, Any]) -> Event:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from replayer.sse import event_data, parse_event, usage_counts
 
 
@@ -60,3 +62,26 @@ def test_sse_error_and_malformed() -> None:
 def test_sse_multiline_data_joined() -> None:
     ev = parse_event([b'data: {"choices":[{"delta":', b'data: {"content":"y"}}]}'])
     assert ev.has_content
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}',
+        b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
+        b'{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"t"}}]}',
+        b'{"choices":[{"index":0,"delta":{"content":"say \\"content\\":\\"\\""}}]}',
+        b'{"choices":[{"index":0,"text":"","finish_reason":null}]}',
+        b'{"choices":[{"index":0,"text":" a"}]}',
+        b'{"choices": [{"index": 0, "delta": {"content": ""}}]}',
+        b'{"choices":[{"delta":{"content":"z"},"finish_reason":"length"}]}',
+        b'{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}',
+        b'{"choices":[{"delta":{"content":"\\u00e9"}}],"usage":null}',
+    ],
+)
+def test_sse_quick_path_agrees_with_full_parse(data: bytes) -> None:
+    import orjson
+
+    from replayer.sse import parse_chunk
+
+    assert parse_event([b"data: " + data]) == parse_chunk(orjson.loads(data))
