@@ -54,7 +54,9 @@ class MetricsScraper:
         self.session = session
         self.clock = clock
         self.t0_ns = t0_ns
-        self.rows: list[tuple[int, str, str, float]] = []
+        # Raw bodies, parsed only when written: parsing in the event loop (tens of ms
+        # for vLLM's /metrics) would delay the timestamps of the run's streams.
+        self.bodies: list[tuple[int, str]] = []
         self.available: bool | None = None
         self.errors = 0
 
@@ -73,13 +75,11 @@ class MetricsScraper:
         except (aiohttp.ClientError, OSError, TimeoutError):
             self.errors += 1
             return
-        try:
-            samples = parse_metrics(text)
-        except ValueError:
-            self.errors += 1
+        if "# TYPE" not in text and "# HELP" not in text and "{" not in text:
+            self.errors += 1  # not Prometheus text
             return
         self.available = True
-        self.rows.extend((now, name, labels, value) for name, labels, value in samples)
+        self.bodies.append((now, text))
 
     async def run(self, stop: asyncio.Event, interval_s: float) -> None:
         """Scrape every ``interval_s`` until ``stop`` is set (and once more then)."""
@@ -94,11 +94,24 @@ class MetricsScraper:
                 await self.scrape_once()
                 return
 
+    def rows(self) -> list[tuple[int, str, str, float]]:
+        """(scrape_ns, metric, labels JSON, value) for every sample scraped."""
+        rows: list[tuple[int, str, str, float]] = []
+        for now, text in self.bodies:
+            try:
+                samples = parse_metrics(text)
+            except ValueError:
+                self.errors += 1
+                continue
+            rows.extend((now, name, labels, value) for name, labels, value in samples)
+        return rows
+
     def write(self, run_dir: Path) -> None:
         """Write ``server_metrics.parquet`` (nothing when no sample was taken)."""
-        if not self.rows:
+        rows = self.rows()
+        if not rows:
             return
-        cols = list(zip(*self.rows, strict=True))
+        cols = list(zip(*rows, strict=True))
         table = pa.Table.from_arrays(
             [
                 pa.array(c, type=f.type)
