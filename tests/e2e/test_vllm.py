@@ -114,7 +114,9 @@ def _check_run(
         p90_ttft_ms_vllm_histogram=round(est * 1e3, 1),
         p90_bucket_ms=[lo * 1e3, hi * 1e3],
     )
-    assert lo * 0.8 <= p90 <= hi * 1.3 + 0.05
+    # Upper slack: HTTP, tokenization and SSE sit outside vLLM's timer, and on 2 CPU
+    # cores the API server process competes with the engine and the replayer.
+    assert lo * 0.8 <= p90 <= hi * 1.5 + 0.1
 
 
 def test_vllm_completions_token_ids(vllm: Engine, subset: Path, tmp_path: Path) -> None:
