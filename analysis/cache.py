@@ -7,7 +7,7 @@ Pure: the trace comes in as an argument (``analysis.load.load_trace_for`` reads 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -116,7 +116,7 @@ def request_cache(
     if reporting_only:
         keep &= ~np.isnan(cached)
     ideal = column(df, "ideal_cached_tokens")
-    build = {
+    build: dict[str, Callable[[], Any]] = {
         # Categoricals stay categoricals: no per-row Python strings.
         "session_id": lambda: df["session_id"][keep].reset_index(drop=True),
         "root_session_id": lambda: df["root_session_id"][keep].reset_index(drop=True),

@@ -104,7 +104,8 @@ def records_frame(table: pa.Table) -> pd.DataFrame:
             col = col.dictionary_encode()
         cols.append(col)
     table = pa.table(cols, names=table.column_names).unify_dictionaries()
-    return table.to_pandas(types_mapper=_pandas_type)
+    df: pd.DataFrame = table.to_pandas(types_mapper=_pandas_type)
+    return df
 
 
 def _conform(table: pa.Table, columns: Sequence[str]) -> pa.Table:
@@ -193,7 +194,7 @@ def load_run(path: str | Path, *, columns: Sequence[str] | None = None) -> Run:
 
 
 def _load_server_metrics(path: Path, problems: list[str]) -> pd.DataFrame:
-    empty = SERVER_METRICS_SCHEMA.empty_table().to_pandas()
+    empty: pd.DataFrame = SERVER_METRICS_SCHEMA.empty_table().to_pandas()
     if not path.exists():
         return empty
     try:
@@ -202,7 +203,8 @@ def _load_server_metrics(path: Path, problems: list[str]) -> pd.DataFrame:
     except (OSError, KeyError, pa.ArrowException) as exc:
         problems.append(f"{path.name}: unreadable, skipped ({exc})")
         return empty
-    return table.to_pandas()
+    metrics: pd.DataFrame = table.to_pandas()
+    return metrics
 
 
 def is_sweep(path: str | Path) -> bool:

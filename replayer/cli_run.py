@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 
@@ -258,7 +258,7 @@ def build_config(
     opts: dict[str, Any], *, endpoint: str, model: str, concurrency: int | None
 ) -> Any:
     """A ReplayConfig from parsed options."""
-    from replayer.config import EndpointConfig, ReplayConfig
+    from replayer.config import EndpointConfig, Mode, ReplayConfig
     from traces.materialize import PromptConfig
 
     modes = [
@@ -303,7 +303,7 @@ def build_config(
             max_input_tokens=opts["max_input_tokens"],
             tokenizer=opts["tokenizer"],
         ),
-        mode=mode,
+        mode=cast(Mode, mode),
         concurrency=concurrency or 1,
         session_rate=opts.get("session_rate"),
         arrival=opts["arrival"],

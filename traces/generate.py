@@ -33,7 +33,7 @@ How a session tree is built (all per-request work is vectorized with numpy):
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -49,7 +49,7 @@ from traces.distributions import (
     draw,
 )
 from traces.errors import TraceError
-from traces.model import Request, Session, Subagent, Trace
+from traces.model import Request, Scope, Session, Subagent, Trace
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -358,7 +358,8 @@ def _segmented_cumsum(
 ) -> npt.NDArray[Any]:
     """Cumulative sum restarting at every thread start (inclusive)."""
     cs = np.cumsum(step)
-    return cs - cs[starts][thr] + step[starts][thr]
+    out: npt.NDArray[Any] = cs - cs[starts][thr] + step[starts][thr]
+    return out
 
 
 @dataclass(slots=True)
@@ -689,7 +690,7 @@ def _build(
                 requests=parent.requests,
                 subagents=tuple(subagents),
                 block_size=config.block_size,
-                hash_id_scope=scope,
+                hash_id_scope=cast(Scope, scope),
                 start_s=None if start_s is None else float(start_s[tree]),
                 models=(config.model,),
                 tool_tokens=config.tool_tokens,

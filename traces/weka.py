@@ -249,7 +249,7 @@ def _parse_entries(
             continue
         kind = entry.get("type")
         t = entry.get("t")
-        if _is_num(t):
+        if isinstance(t, int | float) and _is_num(t):
             if t < last_t - _TIME_SLACK_S:
                 ctx.add(label, "t", f"time goes backwards ({t} after {last_t})")
             last_t = max(last_t, float(t))
@@ -345,9 +345,11 @@ def parse_session(
         sid = fallback_id
     sid = str(sid)
     ctx.session_id = sid
-    block_size = obj.get("block_size")
-    if not _is_int(block_size) or block_size <= 0:
-        ctx.add(None, "block_size", f"expected a positive integer, got {block_size!r}")
+    raw_block = obj.get("block_size")
+    if isinstance(raw_block, int) and _is_int(raw_block) and raw_block > 0:
+        block_size = raw_block
+    else:
+        ctx.add(None, "block_size", f"expected a positive integer, got {raw_block!r}")
         block_size = 64
     scope = obj.get("hash_id_scope", "local")
     if scope not in ("local", "global"):
