@@ -43,11 +43,11 @@ def trace_blocks(trace: Trace) -> dict[tuple[str, int], tuple[str, HashIds]]:
     """(session_id, request_index) → (cache namespace, hash ids) for every request.
 
     The namespace is the root session for ``hash_id_scope: "local"`` and one shared
-    namespace for ``"global"`` (the same rule as ``traces.stats``).
+    namespace for ``"global"`` (``Session.hash_namespace``, as the replayer uses).
     """
     out: dict[tuple[str, int], tuple[str, HashIds]] = {}
     for root in trace.sessions:
-        ns = "" if root.hash_id_scope == "global" else root.session_id
+        ns = root.hash_namespace()
         for session, index, request in root.ordered_requests():
             out[(session.session_id, index)] = (ns, request.hash_ids)
     return out

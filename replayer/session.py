@@ -80,10 +80,7 @@ class _Place:
 
     @property
     def namespace(self) -> str:
-        # Local hash ids are scoped to the session tree; global ones to the trace.
-        return (
-            self.root.session_id if self.session.hash_id_scope == "local" else "global"
-        )
+        return self.root.hash_namespace()
 
     def child(self, sub: Session) -> _Place:
         return _Place(

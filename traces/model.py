@@ -115,6 +115,12 @@ class Session:
     system_tokens: int | None = None  # tokens of the system prompt
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    def hash_namespace(self) -> str:
+        """Namespace of the hash ids of this session tree (ask the root): the root's
+        id for local scope, "global" when ids are shared across the trace. Subagents
+        follow their root, whatever scope they carry themselves."""
+        return "global" if self.hash_id_scope == "global" else self.session_id
+
     def subagents_at(self, anchor_index: int) -> tuple[Subagent, ...]:
         """Subagents that spawn right after request ``anchor_index``."""
         return tuple(s for s in self.subagents if s.anchor_index == anchor_index)

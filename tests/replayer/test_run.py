@@ -314,3 +314,35 @@ async def test_run_recorder_loses_no_rows_under_frequent_flushes(
         df = pd.read_parquet(tmp_path / f"run{k}" / "requests")
         assert len(df) == summary.ok == trace.request_count()
         assert not df.duplicated(["session_id", "request_index"]).any()
+
+
+async def test_run_global_prefix_shared_by_subagents(
+    aiohttp_server: Serve, tmp_path: Path
+) -> None:
+    # In a global-scope trace, a subagent (read from Weka as "local") shares the
+    # trace-wide namespace of its root: equal hash ids must send equal tokens.
+    fake = FakeLLM()
+    url = await _serve(aiohttp_server, fake)
+
+    def one(first: int, n: int = 3) -> tuple[Request, ...]:
+        return (_req(n, first=first),)
+
+    sub = Subagent(
+        session=Session(session_id="b/sub", requests=one(1), block_size=4),
+        anchor_index=0,
+        join_index=None,
+        agent_id="sub",
+    )
+    a = Session(session_id="a", requests=one(1), block_size=4, hash_id_scope="global")
+    b = Session(
+        session_id="b",
+        requests=one(100),
+        subagents=(sub,),
+        block_size=4,
+        hash_id_scope="global",
+    )
+    await replay_trace(Trace(sessions=(a, b)), _config(url), tmp_path / "run")
+    # Concurrency 1: tree a, then tree b's request, then its subagent.
+    a_prompt, b_prompt, sub_prompt = (body["prompt"] for body in fake.bodies)
+    assert sub_prompt[:12] == a_prompt[:12]  # hash ids 1..3, 4 tokens each
+    assert b_prompt[:12] != a_prompt[:12]
