@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from replayer import __version__
 from replayer.cli_errors import errors_as_messages
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _json_default(value: object) -> object:

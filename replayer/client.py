@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -271,8 +272,6 @@ def _error_text(text: str) -> str:
 
 def _one_line(text: str, limit: int = 160) -> str:
     """Markup-free single line: error pages are HTML more often than not."""
-    import re
-
     text = re.sub(r"<[^>]+>", " ", text)
     text = " ".join(text.split())
     return text[:limit] + ("..." if len(text) > limit else "")

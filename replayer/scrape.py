@@ -66,9 +66,8 @@ class MetricsScraper:
             async with asyncio.timeout(5.0):
                 async with self.session.get(self.url) as resp:
                     if resp.status != 200:
-                        self.available = (
-                            False if self.available is None else self.available
-                        )
+                        if self.available is None:
+                            self.available = False
                         self.errors += 1
                         return
                     text = await resp.text(errors="replace")

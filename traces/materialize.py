@@ -106,12 +106,18 @@ class Materializer:
 
     # -- token ids ---------------------------------------------------------------
 
+    def _token_rows(self, seeds: list[int], n: int) -> npt.NDArray[np.int64]:
+        """Token ids for each 64-bit seed: row k is block k's first ``n`` tokens."""
+        span = np.uint64(self.config.token_max - self.config.token_min)
+        base: npt.NDArray[np.uint64] = np.array(seeds, dtype=np.uint64)
+        grid: npt.NDArray[np.uint64] = np.add.outer(base, np.arange(n, dtype=np.uint64))
+        rows: npt.NDArray[np.int64] = (_splitmix64(grid) % span).astype(np.int64)
+        rows += self.config.token_min
+        return rows
+
     def _tokens(self, seed: int, n: int) -> npt.NDArray[np.int64]:
-        span = self.config.token_max - self.config.token_min
-        x = np.arange(n, dtype=np.uint64) + np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
-        return (_splitmix64(x) % np.uint64(span)).astype(
-            np.int64
-        ) + self.config.token_min
+        row: npt.NDArray[np.int64] = self._token_rows([seed], n)[0]
+        return row
 
     def block_token_ids(
         self, namespace: str, hash_id: int, n: int
@@ -137,12 +143,8 @@ class Materializer:
         if missing:
             self.misses += len(missing)
             salt = self.config.salt
-            seeds = np.array(
-                [_key(salt, namespace, hash_ids[k]) for k in missing], dtype=np.uint64
-            )
-            span = np.uint64(self.config.token_max - self.config.token_min)
-            grid = seeds[:, None] + np.arange(n, dtype=np.uint64)[None, :]
-            tokens = (_splitmix64(grid) % span).astype(np.int64) + self.config.token_min
+            seeds = [_key(salt, namespace, hash_ids[k]) for k in missing]
+            tokens = self._token_rows(seeds, n)
             for k, row in zip(missing, tokens, strict=True):
                 frag = self._encode(row)
                 out[k] = frag

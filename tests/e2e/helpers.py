@@ -137,43 +137,34 @@ def sessions_by_id(trace: Trace) -> dict[str, Session]:
     return {s.session_id: s for s, _ in trace.all_sessions()}
 
 
-def prompt_token_ids(run: Run, trace_path: Path) -> list[list[int]]:
-    """The token ids each completions-mode row sent, rebuilt with the run's own prompt
+def _sent_bodies(run: Run, trace_path: Path) -> list[dict[str, Any]]:
+    """The prompt part of each row's request body, rebuilt with the run's own prompt
     config (same salt, block and cap), in ``run.rows`` order."""
-    cfg = dict(run.meta["config"]["prompt"])
-    mat = Materializer(PromptConfig(**cfg))
-    sessions = sessions_by_id(read_trace(trace_path))
-    ids = []
+    mat = Materializer(PromptConfig(**dict(run.meta["config"]["prompt"])))
+    trace = read_trace(trace_path)
+    sessions = sessions_by_id(trace)
+    roots = {root.session_id: root for root in trace.sessions}
+    bodies = []
     for sid, root, i in zip(
         run.rows["session_id"],
         run.rows["root_session_id"],
         run.rows["request_index"],
         strict=True,
     ):
-        session = sessions[sid]
-        namespace = root if session.hash_id_scope == "local" else "global"
-        frag = mat.prompt(session, int(i), namespace).fragment
-        ids.append(json.loads(b"{" + frag + b"}")["prompt"])
-    return ids
+        namespace = roots[root].hash_namespace()
+        frag = mat.prompt(sessions[sid], int(i), namespace).fragment
+        bodies.append(json.loads(b"{" + frag + b"}"))
+    return bodies
+
+
+def prompt_token_ids(run: Run, trace_path: Path) -> list[list[int]]:
+    """The token ids each completions-mode row sent, in ``run.rows`` order."""
+    return [body["prompt"] for body in _sent_bodies(run, trace_path)]
 
 
 def chat_messages(run: Run, trace_path: Path) -> list[list[dict[str, str]]]:
-    """The messages each chat-mode row sent, rebuilt with the run's prompt config."""
-    cfg = dict(run.meta["config"]["prompt"])
-    mat = Materializer(PromptConfig(**cfg))
-    sessions = sessions_by_id(read_trace(trace_path))
-    out = []
-    for sid, root, i in zip(
-        run.rows["session_id"],
-        run.rows["root_session_id"],
-        run.rows["request_index"],
-        strict=True,
-    ):
-        session = sessions[sid]
-        namespace = root if session.hash_id_scope == "local" else "global"
-        frag = mat.prompt(session, int(i), namespace).fragment
-        out.append(json.loads(b"{" + frag + b"}")["messages"])
-    return out
+    """The messages each chat-mode row sent, in ``run.rows`` order."""
+    return [body["messages"] for body in _sent_bodies(run, trace_path)]
 
 
 def vllm_tokenize(url: str, model: str, messages: list[dict[str, str]]) -> list[int]:
