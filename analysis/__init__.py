@@ -6,7 +6,8 @@ Imports ``traces`` and ``replayer.records`` only; never aiohttp.
 from __future__ import annotations
 
 from analysis.compare import compare_runs
-from analysis.load import AnalysisError, Run, Sweep, load_run, load_runs, load_sweep
+from analysis.errors import AnalysisError, SloError
+from analysis.load import Run, Sweep, load_run, load_runs, load_sweep
 from analysis.metrics import Slo, parse_slo, percentile
 from analysis.sessions import session_trees
 from analysis.summary import Summary, summarize
@@ -16,6 +17,7 @@ __all__ = [
     "AnalysisError",
     "Run",
     "Slo",
+    "SloError",
     "Summary",
     "Sweep",
     "compare_runs",

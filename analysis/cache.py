@@ -17,6 +17,7 @@ import pandas as pd
 from analysis.metrics import (
     NAN,
     column,
+    hit_rate,
     measured_ok,
     percentile,
     server_prompt,
@@ -136,18 +137,13 @@ def request_cache(
     return pd.DataFrame({c: build[c]() for c in columns}, copy=False)
 
 
-def _rate(num: pd.Series, den: pd.Series) -> float:
-    ok = num.notna()
-    d = float(den[ok].sum())
-    return float(num[ok].sum()) / d if ok.any() and d > 0 else NAN
-
-
 def tree_cache(requests: pd.DataFrame) -> pd.DataFrame:
     """Hit rates per session tree from :func:`request_cache` rows.
 
     ``server`` = Σ cached / Σ server prompt over rows reporting cached_tokens (NaN if
     none); ``ideal`` = Σ ideal / Σ prompt_tokens; ``lru`` = Σ LRU hits / Σ
-    prompt_tokens over simulated rows. Population: the tree's ok, measured rows.
+    prompt_tokens over simulated rows (each by ``metrics.hit_rate``, as the run's
+    figures). Population: the tree's ok, measured rows.
     """
     out = []
     for root, g in requests.groupby("root_session_id", sort=True, observed=True):
@@ -155,9 +151,9 @@ def tree_cache(requests: pd.DataFrame) -> pd.DataFrame:
             {
                 "root_session_id": root,
                 "requests": len(g),
-                "server": _rate(g["cached_tokens"], g["server_prompt_tokens"]),
-                "ideal": _rate(g["ideal_cached_tokens"], g["prompt_tokens"]),
-                "lru": _rate(g["lru_cached_tokens"], g["prompt_tokens"]),
+                "server": hit_rate(g["cached_tokens"], g["server_prompt_tokens"]),
+                "ideal": hit_rate(g["ideal_cached_tokens"], g["prompt_tokens"]),
+                "lru": hit_rate(g["lru_cached_tokens"], g["prompt_tokens"]),
             }
         )
     cols = ["root_session_id", "requests", "server", "ideal", "lru"]

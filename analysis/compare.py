@@ -22,7 +22,7 @@ _MAX_CELLS = 4_000_000  # resampled values held at once (bounds memory on big ru
 
 def _pct(q: float, scale: float = 1.0, invert: bool = False) -> Stat:
     def stat(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        p = np.percentile(x, q, axis=-1, method="linear")
+        p = m.percentile_rows(x, q)
         with np.errstate(divide="ignore"):
             return np.asarray(scale / p if invert else p, dtype=np.float64)
 
@@ -38,13 +38,6 @@ class Figure:
     values: Callable[[pd.DataFrame], npt.NDArray[np.float64]]
     reduce: Callable[[pd.DataFrame], Stat]  # may depend on the run (its window)
     higher_is_better: bool
-
-
-def _e2e_per_token_s(df: pd.DataFrame) -> npt.NDArray[np.float64]:
-    out = m.column(df, "output_tokens")
-    keep = m.measured_ok(df) & (out >= 1)
-    v = m.column(df, "e2e_ns")[keep] / 1e9 / out[keep]
-    return v[~np.isnan(v)]
 
 
 def _output_tokens(df: pd.DataFrame) -> npt.NDArray[np.float64]:
@@ -94,7 +87,7 @@ FIGURES: tuple[Figure, ...] = (
     ),
     _speed("interactivity_tok_s", "p50", m.tpot_ms, 50, 1000.0),
     _speed("interactivity_tok_s", "p90", m.tpot_ms, 90, 1000.0),
-    _speed("e2e_norm_interactivity_tok_s", "value", _e2e_per_token_s, 90, 1.0),
+    _speed("e2e_norm_interactivity_tok_s", "value", m.e2e_per_token_s, 90, 1.0),
     Figure(
         metric="throughput_tok_s",
         stat="output",

@@ -16,8 +16,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replayer.errors import ReplayerError
-from replayer.records import RECORD_SCHEMA
+from analysis.errors import AnalysisError
+from replayer.records import (
+    RECORD_SCHEMA,
+    RUN_METADATA_KEY,
+    SERVER_METRICS_SCHEMA,
+    RunMeta,
+)
 from traces.model import Trace
 
 # Repeated strings are read dictionary-encoded (pandas categoricals): a 10M-row run's
@@ -30,19 +35,6 @@ CATEGORY_COLUMNS: tuple[str, ...] = (
     "status",
     "error_type",
 )
-SERVER_METRICS_SCHEMA = pa.schema(
-    [
-        ("scrape_ns", pa.int64()),
-        ("metric", pa.string()),
-        ("labels", pa.string()),
-        ("value", pa.float64()),
-    ]
-)
-_RUN_META_KEY = b"replayer.run"
-
-
-class AnalysisError(ReplayerError):
-    """A run or sweep directory that cannot be analysed (missing, corrupt, empty)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,7 +43,7 @@ class Run:
 
     path: Path
     requests: pd.DataFrame  # one row per request, RECORD_SCHEMA columns
-    meta: dict[str, Any]  # run.json (or the part files' copy of it)
+    meta: RunMeta  # run.json (or the part files' copy of it); RunMeta() if neither
     server_metrics: pd.DataFrame  # long format: scrape_ns, metric, labels, value
     problems: tuple[str, ...] = ()  # what was skipped while loading (crashed runs)
 
@@ -59,16 +51,6 @@ class Run:
     def name(self) -> str:
         """The directory name (a sweep level's name)."""
         return self.path.name
-
-    @property
-    def complete(self) -> bool:
-        """False for a run that stopped without writing its end time (a crash)."""
-        return self.meta.get("end_unix_ns") is not None
-
-    @property
-    def measure_start_ns(self) -> int:
-        """Run-relative start of the measurement window (end of warm-up)."""
-        return int(self.meta.get("measure_start_ns") or 0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,12 +107,20 @@ def _conform(table: pa.Table, columns: Sequence[str]) -> pa.Table:
     return pa.table(out, names=list(columns))
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _json_object(raw: str | bytes) -> dict[str, Any] | None:
     try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError):
+        obj = json.loads(raw)
+    except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        raw = path.read_text()
+    except OSError:
+        return None
+    return _json_object(raw)
 
 
 def load_run(path: str | Path, *, columns: Sequence[str] | None = None) -> Run:
@@ -139,6 +129,7 @@ def load_run(path: str | Path, *, columns: Sequence[str] | None = None) -> Run:
     A crashed run loads too: an unreadable part file is skipped and named in
     ``Run.problems``; without ``run.json`` the metadata comes from the part files.
     ``columns`` limits the request columns read (default: all of RECORD_SCHEMA).
+    ``Run.meta`` is ``RunMeta()`` when there is no metadata at all.
 
     Raises:
         AnalysisError: not a directory, or neither run.json nor any readable part.
@@ -166,12 +157,8 @@ def load_run(path: str | Path, *, columns: Sequence[str] | None = None) -> Run:
             problems.append(f"{part.name}: unreadable, skipped ({exc})")
             continue
         if meta is None:
-            raw = (pf.schema_arrow.metadata or {}).get(_RUN_META_KEY)
-            if raw is not None:
-                try:
-                    meta = json.loads(raw)
-                except ValueError:
-                    meta = None
+            raw = (pf.schema_arrow.metadata or {}).get(RUN_METADATA_KEY)
+            meta = _json_object(raw) if raw is not None else None
         tables.append(_conform(table, wanted))
     if meta is None and not tables:
         raise AnalysisError(
@@ -182,12 +169,11 @@ def load_run(path: str | Path, *, columns: Sequence[str] | None = None) -> Run:
         tables.append(_conform(RECORD_SCHEMA.empty_table(), wanted))
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     if meta is None:
-        meta = {}
         problems.append("no run.json: metadata unavailable")
     return Run(
         path=path,
         requests=records_frame(table),
-        meta=meta,
+        meta=RunMeta.from_dict(meta) if meta is not None else RunMeta(),
         server_metrics=_load_server_metrics(path / "server_metrics.parquet", problems),
         problems=tuple(problems),
     )
@@ -252,7 +238,7 @@ def load_trace_for(run: Run, trace_path: str | Path | None = None) -> Trace:
     from traces.io import read_trace
 
     if trace_path is None:
-        trace_path = (run.meta.get("trace") or {}).get("path")
+        trace_path = run.meta.trace.path
     if not trace_path:
         raise AnalysisError(
             f"{run.path}: run.json names no trace path; pass the trace explicitly"
@@ -265,9 +251,7 @@ def load_trace_for(run: Run, trace_path: str | Path | None = None) -> Trace:
 
 def block_tokens_of(run: Run, trace: Trace | None = None) -> int:
     """Tokens per materialized block: run.json ``block_tokens``, else the trace's."""
-    value = run.meta.get("block_tokens") or (run.meta.get("trace") or {}).get(
-        "block_size"
-    )
+    value = run.meta.block_tokens or run.meta.trace.block_size
     if not value and trace is not None and trace.sessions:
         value = trace.sessions[0].block_size
     return int(value or 64)

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -21,7 +20,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analysis.errors import SloError
 from replayer.records import STATUSES
+from traces.stats import percentiles as percentiles  # the one definition
 
 FloatArray = npt.NDArray[np.float64]
 NAN = float("nan")
@@ -32,33 +33,33 @@ _NS_PER_S = 1e9
 _ATTEMPTED = ("ok", "http_error", "timeout", "client_error")
 
 
-def _clean(values: npt.ArrayLike) -> FloatArray:
-    arr = np.asarray(values, dtype=np.float64)
-    nan = np.isnan(arr)
-    return arr[~nan] if nan.any() else arr
-
-
-def _percentiles_clean(arr: FloatArray, qs: Sequence[float]) -> list[float]:
-    if arr.size == 0:
-        return [NAN] * len(qs)
-    return [float(x) for x in np.percentile(arr, list(qs), method="linear")]
-
-
-def percentiles(values: npt.ArrayLike, qs: Sequence[float]) -> list[float]:
-    """Percentiles ``qs`` (each in [0, 100]) of ``values`` by numpy's linear
-    interpolation; NaNs are dropped; NaN for no data. Population: the caller's."""
-    return _percentiles_clean(_clean(values), qs)
+# numpy's name for the method of ``traces.stats.percentiles`` (the project's one
+# percentile definition), for statistics along an axis, which that function does not
+# take; a test pins the two together.
+PERCENTILE_METHOD: Final = "linear"
 
 
 def percentile(values: npt.ArrayLike, q: float) -> float:
-    """One percentile (q in [0, 100]); see :func:`percentiles`."""
+    """One percentile (q in [0, 100]) by :func:`traces.stats.percentiles`: numpy's
+    linear interpolation, NaNs dropped, NaN for no data. Population: the caller's."""
     return percentiles(values, [q])[0]
+
+
+def percentile_rows(x: FloatArray, q: float) -> FloatArray:
+    """The q-th percentile (q in [0, 100]) of each row of ``x`` (along the last axis),
+    by the same method as :func:`percentile`. For resampled matrices: no NaN
+    handling (a NaN in a row gives NaN), every row non-empty."""
+    out: FloatArray = np.percentile(x, q, axis=-1, method=PERCENTILE_METHOD)
+    return out
 
 
 def describe(values: npt.ArrayLike) -> dict[str, float]:
     """{"mean", "p50", "p90", "p99", "count"} of ``values`` (NaNs dropped)."""
-    arr = _clean(values)
-    p50, p90, p99 = _percentiles_clean(arr, [50, 90, 99])
+    arr = np.asarray(values, dtype=np.float64)
+    nan = np.isnan(arr)
+    if nan.any():
+        arr = arr[~nan]
+    p50, p90, p99 = percentiles(arr, [50, 90, 99])
     mean = float(arr.mean()) if arr.size else NAN
     return {"mean": mean, "p50": p50, "p90": p90, "p99": p99, "count": int(arr.size)}
 
@@ -71,6 +72,7 @@ NUMERIC_COLUMNS = (
     "end_ns",
     "ttft_ns",
     "e2e_ns",
+    "tpot_ns",
     "prompt_tokens",
     "server_prompt_tokens",
     "output_tokens",
@@ -164,17 +166,25 @@ def e2e_ms(df: pd.DataFrame) -> FloatArray:
     return v[~np.isnan(v)]
 
 
+def row_tpot_ms(df: pd.DataFrame) -> FloatArray:
+    """Time per output token after the first of every row, ms (NaN where unknown).
+
+    Formula: tpot_ns / 1e6; the engine fills tpot_ns with
+    ``replayer.records.tpot_ns`` = (E2E - TTFT) / (output_tokens - 1), output_tokens
+    = received, and leaves it null below 2 output tokens and on failed rows.
+    Population: all rows, in row order (callers filter).
+    """
+    v: FloatArray = column(df, "tpot_ns") / _NS_PER_MS
+    return v
+
+
 def tpot_ms(df: pd.DataFrame) -> FloatArray:
     """Time per output token after the first, per request, ms.
 
-    Formula: (E2E - TTFT) / (output_tokens - 1) / 1e6, output_tokens = received.
-    Population: ok, measured rows with output_tokens ≥ 2 and both latencies.
+    Formula: :func:`row_tpot_ms`, (E2E - TTFT) / (output_tokens - 1) / 1e6.
+    Population: ok, measured rows with a TPOT (output_tokens ≥ 2).
     """
-    out = column(df, "output_tokens")
-    keep = measured_ok(df) & (out >= 2)
-    e2e = column(df, "e2e_ns")[keep]
-    ttft = column(df, "ttft_ns")[keep]
-    v = (e2e - ttft) / (out[keep] - 1) / _NS_PER_MS
+    v = row_tpot_ms(df)[measured_ok(df)]
     return v[~np.isnan(v)]
 
 
@@ -215,16 +225,26 @@ def interactivity_tok_s(df: pd.DataFrame) -> dict[str, float]:
     return {"p50": _inverse(p50, 1000.0), "p90": _inverse(p90, 1000.0)}
 
 
-def e2e_norm_interactivity_tok_s(df: pd.DataFrame) -> float:
-    """AgentX headline: E2E-normalized interactivity, tok/s/user.
+def e2e_per_token_s(df: pd.DataFrame) -> FloatArray:
+    """End-to-end latency per output token, per request, s.
 
-    Formula: 1 / P90(E2E_i / OSL_i), E2E in seconds, OSL = output_tokens received.
+    Formula: E2E_i / OSL_i, E2E = e2e_ns / 1e9, OSL = output_tokens received.
     Population: ok, measured rows with output_tokens ≥ 1 and an E2E.
     """
     out = column(df, "output_tokens")
     keep = measured_ok(df) & (out >= 1)
-    per_token_s = column(df, "e2e_ns")[keep] / _NS_PER_S / out[keep]
-    return _inverse(percentile(per_token_s, 90), 1.0)
+    v = column(df, "e2e_ns")[keep] / _NS_PER_S / out[keep]
+    return v[~np.isnan(v)]
+
+
+def e2e_norm_interactivity_tok_s(df: pd.DataFrame) -> float:
+    """AgentX headline: E2E-normalized interactivity, tok/s/user.
+
+    Formula: 1 / P90(E2E_i / OSL_i) (:func:`e2e_per_token_s`), E2E in seconds, OSL =
+    output_tokens received. Population: that of :func:`e2e_per_token_s` (ok, measured
+    rows with output_tokens ≥ 1 and an E2E).
+    """
+    return _inverse(percentile(e2e_per_token_s(df), 90), 1.0)
 
 
 def _inverse(x: float, scale: float) -> float:
@@ -299,31 +319,32 @@ def parse_slo(text: str) -> Slo:
     """``"ttft=2s,tpot=50ms,e2e=30s"`` → :class:`Slo` (a bare number is seconds).
 
     Raises:
-        ValueError: unknown metric or malformed duration (the message says which).
+        SloError: unknown metric or malformed duration (the message says which).
     """
     values: dict[str, float] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, sep, raw = item.partition("=")
         key = key.strip().lower()
         if not sep or key not in ("ttft", "tpot", "e2e"):
-            raise ValueError(
+            raise SloError(
                 f"bad SLO {item!r}: expected ttft=..., tpot=... or e2e=... "
                 "(e.g. ttft=2s,tpot=50ms)"
             )
         m = _DURATION.match(raw)
         if m is None:
-            raise ValueError(f"bad SLO duration {raw!r} for {key} (e.g. 2s, 50ms)")
+            raise SloError(f"bad SLO duration {raw!r} for {key} (e.g. 2s, 50ms)")
         values[f"{key}_ms"] = float(m.group(1)) * _UNIT_MS[m.group(2)]
     if not values:
-        raise ValueError("empty SLO: give e.g. ttft=2s,tpot=50ms")
+        raise SloError("empty SLO: give e.g. ttft=2s,tpot=50ms")
     return Slo(**values)
 
 
 def goodput(df: pd.DataFrame, slo: Slo) -> dict[str, Any]:
     """Requests meeting every objective in ``slo``.
 
-    Formula: good = ok rows with TTFT ≤ slo.ttft, TPOT ≤ slo.tpot (rows with < 2
-    output tokens pass this one) and E2E ≤ slo.e2e; ``fraction`` = good / attempted;
+    Formula: good = ok rows with TTFT ≤ slo.ttft, TPOT ≤ slo.tpot (each row's
+    :func:`row_tpot_ms`, the TPOT that :func:`tpot_ms` reports; rows with < 2 output
+    tokens pass this one) and E2E ≤ slo.e2e; ``fraction`` = good / attempted;
     ``requests_s`` = good / :func:`measured_window_s`; ``output_tok_s`` = Σ
     output_tokens of good rows / the same window. Population: measured rows that were
     sent and ended (ok, http_error, timeout, client_error); a failed row is not good.
@@ -339,9 +360,7 @@ def goodput(df: pd.DataFrame, slo: Slo) -> dict[str, Any]:
     if slo.e2e_ms is not None:
         good &= e2e <= slo.e2e_ms
     if slo.tpot_ms is not None:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = (e2e - ttft) / (out - 1)
-        good &= (out < 2) | (tpot <= slo.tpot_ms)
+        good &= (out < 2) | (row_tpot_ms(df) <= slo.tpot_ms)
     n_att = int(attempted.sum())
     n_good = int(good.sum())
     window = measured_window_s(df)
@@ -372,28 +391,53 @@ def server_prompt(df: pd.DataFrame) -> FloatArray:
     return np.where(np.isnan(server), column(df, "prompt_tokens"), server)
 
 
+def hit_rate(hits: npt.ArrayLike, prompt: npt.ArrayLike) -> float:
+    """A prefix-cache hit rate: every hit rate of ``analysis`` (server, ideal, LRU;
+    per run and per session tree) is this ratio on its own population.
+
+    Formula: Σ hits / Σ prompt over the rows whose ``hits`` is known (not NaN).
+    Population: the rows passed (``hits[i]`` and ``prompt[i]`` are one row's). NaN
+    ("unavailable", never 0) when no row knows its hits or the prompts sum to 0.
+    """
+    h = np.asarray(hits, dtype=np.float64)
+    known = ~np.isnan(h)
+    denom = float(np.nansum(np.asarray(prompt, dtype=np.float64)[known]))
+    return float(h[known].sum()) / denom if denom > 0 else NAN
+
+
 def server_hit_rate(df: pd.DataFrame) -> float:
     """Server-reported prefix-cache hit rate.
 
     Formula: Σ cached_tokens / Σ prompt (the server's usage.prompt_tokens when
-    reported, else prompt_tokens sent). Population: ok, measured rows that report
-    cached_tokens. NaN ("unavailable") when no row reports it, never 0.
+    reported, else prompt_tokens sent), by :func:`hit_rate`. Population: ok,
+    measured rows that report cached_tokens. NaN ("unavailable") when no row reports
+    it, never 0.
     """
-    cached = column(df, "cached_tokens")
-    keep = measured_ok(df) & ~np.isnan(cached)
-    denom = float(server_prompt(df)[keep].sum())
-    return float(cached[keep].sum()) / denom if keep.any() and denom > 0 else NAN
+    keep = measured_ok(df)
+    return hit_rate(column(df, "cached_tokens")[keep], server_prompt(df)[keep])
 
 
 def ideal_hit_rate(df: pd.DataFrame) -> float:
     """The trace's ideal (infinite prefix cache) hit rate for the rows that ran.
 
-    Formula: Σ ideal_cached_tokens / Σ prompt_tokens. Population: ok, measured rows.
+    Formula: Σ ideal_cached_tokens / Σ prompt_tokens, by :func:`hit_rate`.
+    Population: ok, measured rows (with an ideal_cached_tokens).
     """
     keep = measured_ok(df)
-    denom = float(np.nansum(column(df, "prompt_tokens")[keep]))
-    num = float(np.nansum(column(df, "ideal_cached_tokens")[keep]))
-    return num / denom if denom > 0 else NAN
+    return hit_rate(
+        column(df, "ideal_cached_tokens")[keep], column(df, "prompt_tokens")[keep]
+    )
+
+
+def lru_hit_rate(df: pd.DataFrame, lru: npt.NDArray[np.float64]) -> float:
+    """Estimated hit rate of an LRU prefix cache of a given size.
+
+    Formula: Σ LRU hit tokens / Σ prompt_tokens (sent), by :func:`hit_rate`; ``lru``
+    holds each row's LRU hit tokens (``analysis.cache.lru_cached_tokens``, NaN for
+    rows not simulated). Population: ok, measured rows that were simulated.
+    """
+    keep = measured_ok(df)
+    return hit_rate(lru[keep], column(df, "prompt_tokens")[keep])
 
 
 PROM_HITS = "vllm:prefix_cache_hits_total"

@@ -124,9 +124,11 @@ def timeline_plot(run: Run) -> str:
         steps = np.concatenate([np.ones(sent.sum()), -np.ones(sent.sum())])
         order = np.argsort(events, kind="stable")
         axes[1].step(events[order] / _NS_PER_S, np.cumsum(steps[order]), where="post")
-    if run.measure_start_ns:
+    if run.meta.measure_start_ns:
         for ax in axes:
-            ax.axvline(run.measure_start_ns / _NS_PER_S, color="#999", ls="--", lw=0.8)
+            ax.axvline(
+                run.meta.measure_start_ns / _NS_PER_S, color="#999", ls="--", lw=0.8
+            )
     axes[0].set_ylabel("output tok/s")
     axes[1].set_ylabel("in flight")
     axes[0].set_title(f"Timeline: {run.name}")

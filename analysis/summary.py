@@ -7,7 +7,7 @@ Pure: the run (and, for the LRU estimate, its trace) come in as arguments.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -15,8 +15,10 @@ import pandas as pd
 
 from analysis import metrics as m
 from analysis.cache import lru_cached_tokens, miss_impact, request_cache
-from analysis.load import AnalysisError, Run, block_tokens_of
+from analysis.errors import AnalysisError
+from analysis.load import Run, block_tokens_of
 from analysis.sessions import session_trees
+from replayer.records import RunMeta
 from traces.model import Trace
 
 
@@ -69,18 +71,20 @@ class Summary:
 
 def _run_info(run: Run) -> dict[str, Any]:
     meta = run.meta
+    # A run without any metadata says null, not RunMeta's defaults (no made-up mode).
+    known = meta != RunMeta()
     return {
         "path": str(run.path),
         "name": run.name,
-        "run_id": meta.get("run_id"),
-        "model": meta.get("model"),
-        "endpoint": meta.get("endpoint"),
-        "api": meta.get("api"),
-        "simulated": meta.get("simulated"),
-        "mode": meta.get("mode"),
-        "labels": meta.get("labels"),
-        "duration_s": meta.get("duration_s"),
-        "complete": run.complete,
+        "run_id": meta.run_id or None,
+        "model": meta.model,
+        "endpoint": meta.endpoint,
+        "api": meta.api,
+        "simulated": meta.simulated if known else None,
+        "mode": asdict(meta.mode) if known else None,
+        "labels": dict(meta.labels) if known else None,
+        "duration_s": meta.duration_s,
+        "complete": meta.complete,
         "problems": list(run.problems),
     }
 
@@ -92,7 +96,7 @@ def _per_s(ms: float) -> float:
 def _gpus(run: Run, gpus: int | None) -> int | None:
     if gpus is not None:
         return gpus
-    label = (run.meta.get("labels") or {}).get("gpus")
+    label = run.meta.labels.get("gpus")
     return int(label) if isinstance(label, int | float) and label > 0 else None
 
 
@@ -139,7 +143,9 @@ def summarize(
     rates: dict[str, Any] = {
         "server": m.server_hit_rate(df),
         "ideal": m.ideal_hit_rate(df),
-        "prometheus": m.prometheus_hit_rate(run.server_metrics, run.measure_start_ns),
+        "prometheus": m.prometheus_hit_rate(
+            run.server_metrics, run.meta.measure_start_ns
+        ),
     }
     block = block_tokens_of(run, trace)
     if kv_capacity_tokens is not None:
@@ -154,9 +160,7 @@ def summarize(
             capacity_tokens=kv_capacity_tokens,
             host_capacity_tokens=host_capacity_tokens,
         )
-        keep = m.measured_ok(df) & ~np.isnan(lru)
-        denom = float(np.nansum(m.column(df, "prompt_tokens")[keep]))
-        rates["lru"] = float(lru[keep].sum()) / denom if denom > 0 else math.nan
+        rates["lru"] = m.lru_hit_rate(df, lru)
         rates["lru_capacity_tokens"] = kv_capacity_tokens
         rates["lru_host_capacity_tokens"] = host_capacity_tokens
     per_request = request_cache(

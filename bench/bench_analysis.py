@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from analysis.load import Run, records_frame
 from analysis.summary import summarize
-from replayer.records import RECORD_SCHEMA
+from replayer.records import RECORD_SCHEMA, RunMeta
 
 MS = 1_000_000
 
@@ -40,6 +40,9 @@ def synthetic_table(n: int, seed: int = 0) -> pa.Table:
     e2e = ttft + (out - 1) * rng.integers(5, 60, n) * MS
     start = sess * 10_000 * MS + idx * 200_000 * MS // per + rng.integers(0, MS, n)
     status = np.where(rng.random(n) < 0.03, "timeout", "ok")
+    # As the engine fills it (replayer.records.tpot_ns): ok rows with 2+ tokens.
+    has_tpot = (status == "ok") & (out >= 2)
+    tpot = (e2e - ttft) // np.maximum(out - 1, 1)
     prompt = rng.integers(1_000, 200_000, n)
     n_chunks = 4
     offs = np.arange(0, (n + 1) * n_chunks, n_chunks, dtype=np.int32)
@@ -70,9 +73,7 @@ def synthetic_table(n: int, seed: int = 0) -> pa.Table:
         "end_ns": pa.array(start + e2e),
         "ttft_ns": pa.array(ttft),
         "e2e_ns": pa.array(e2e),
-        "tpot_ns": null_i64,
-        "itl_mean_ns": null_i64,
-        "itl_max_ns": null_i64,
+        "tpot_ns": pa.array(tpot, mask=~has_tpot),
         "chunk_times_ns": pa.ListArray.from_arrays(offs, pa.array(chunk_vals)),
         "trace_input_tokens": pa.array(prompt),
         "prompt_tokens": pa.array(prompt),
@@ -103,10 +104,7 @@ def naive(df: pd.DataFrame) -> dict[str, float]:
     for name in ("ttft_ns", "e2e_ns"):
         q = ok[name].astype("float64").quantile([0.5, 0.9, 0.99])
         out[name] = float(q.iloc[1])
-    tpot = (ok["e2e_ns"] - ok["ttft_ns"]) / (ok["output_tokens"] - 1)
-    out["tpot_p90"] = float(
-        tpot[ok["output_tokens"] > 1].astype("float64").quantile(0.9)
-    )
+    out["tpot_p90"] = float(ok["tpot_ns"].dropna().astype("float64").quantile(0.9))
     chunks = ok["chunk_times_ns"].explode().astype("float64")
     gaps = chunks.groupby(level=0).diff().dropna()
     out["itl_p90"] = float(gaps.quantile(0.9))
@@ -153,7 +151,7 @@ def main() -> None:
         f"peak RSS so far {_rss_mb():,.0f} MiB"
     )
     empty = pd.DataFrame(columns=["scrape_ns", "metric", "labels", "value"])
-    run = Run(path=Path("synthetic"), requests=df, meta={}, server_metrics=empty)
+    run = Run(path=Path("synthetic"), requests=df, meta=RunMeta(), server_metrics=empty)
     t = time.perf_counter()
     s = summarize(run, gpus=8).as_dict()
     ours = time.perf_counter() - t

@@ -16,9 +16,10 @@ import aiohttp
 import orjson
 
 from replayer.clock import Clock
-from replayer.config import EndpointConfig
+from replayer.config import EndpointConfig, public_url
 from replayer.errors import EndpointError
-from replayer.sse import parse_event, usage_counts
+from replayer.records import Status
+from replayer.sse import EventFramer, usage_counts
 
 # Failures that happen before the server could have seen the request: safe to retry
 # once (a stale keep-alive connection closed by the server is the common case).
@@ -40,14 +41,14 @@ class Outcome:
     server_prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
-    status: str = "ok"
+    status: Status = "ok"
     http_status: int | None = None
     error_type: str | None = None
     error_message: str | None = None
     retries: int = 0
     finish_reason: str | None = None
 
-    def fail(self, status: str, error_type: str, message: str) -> None:
+    def fail(self, status: Status, error_type: str, message: str) -> None:
         self.status = status
         self.error_type = error_type
         self.error_message = message[:500]
@@ -109,8 +110,8 @@ class Client:
     async def check(self) -> list[str] | None:
         """GET /v1/models: the served model ids, or None when the server has no such
         route (404). Raises EndpointError when the server is unreachable or refuses."""
-        base = self.endpoint.base_url.rstrip("/")
-        url = (base if base.endswith("/v1") else base + "/v1") + "/models"
+        url = self.endpoint.v1() + "/models"
+        shown = public_url(url)  # credentials in the URL never reach a message
         headers = {k: v for k, v in self._headers.items() if k == "Authorization"}
         try:
             async with asyncio.timeout(self.endpoint.connect_timeout_s + 20):
@@ -120,16 +121,16 @@ class Client:
                     if resp.status != 200:
                         text = _error_text(await resp.text(errors="replace"))
                         raise EndpointError(
-                            f"{url}: HTTP {resp.status}: {_one_line(text)}"
+                            f"{shown}: HTTP {resp.status}: {_one_line(text)}"
                         )
                     obj = await resp.json(loads=orjson.loads, content_type=None)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise EndpointError(
-                f"cannot reach {self.endpoint.base_url}: {_describe(exc)}"
+                f"cannot reach {public_url(self.endpoint.base_url)}: {_describe(exc)}"
             ) from exc
         except orjson.JSONDecodeError as exc:
             raise EndpointError(
-                f"{url}: not an OpenAI-compatible model list (not JSON)"
+                f"{shown}: not an OpenAI-compatible model list (not JSON)"
             ) from exc
         data = obj.get("data") if isinstance(obj, dict) else None
         return [str(m.get("id")) for m in data or () if isinstance(m, dict)]
@@ -178,45 +179,21 @@ class Client:
             await self._events(resp, out)
 
     async def _events(self, resp: aiohttp.ClientResponse, out: Outcome) -> None:
-        # Read whatever bytes have arrived (one await per network read, not per line)
-        # and split events ourselves; events that arrived in one read share its stamp.
+        # Read whatever bytes have arrived (one await per network read, not per line);
+        # events that arrived in one read share its stamp.
         clock = self.clock
         start = out.start_ns
         content = resp.content
-        buf = b""
-        buf_stamp = 0  # arrival of the first byte now in buf
-        lines: list[bytes] = []
-        stamp = 0  # arrival of the current event's first byte
+        framer = EventFramer()
         done = False
         while not done:
             data = await content.readany()
             if not data:
                 break  # EOF
-            now = clock.now_ns()
-            if not buf:
-                buf_stamp = now
-            buf += data
-            pos = 0
-            while not done:
-                nl = buf.find(b"\n", pos)
-                if nl < 0:
-                    break
-                line = buf[pos:nl].rstrip(b"\r")
-                line_stamp = buf_stamp
-                pos = nl + 1
-                buf_stamp = now  # what is left arrived in this read
-                if line:
-                    if not lines:
-                        stamp = line_stamp
-                    lines.append(line)
-                    continue
-                if not lines:
-                    continue
-                event = parse_event(lines)
-                lines = []
+            for stamp, event in framer.feed(data, clock.now_ns()):
                 if event.done:
                     done = True  # break eagerly: some servers keep the stream open
-                    continue
+                    break
                 if event.error is not None:
                     out.fail("http_error", "stream_error", event.error)
                     return
@@ -231,10 +208,9 @@ class Client:
                     out.cached_tokens = cached
                 if event.finish_reason is not None:
                     out.finish_reason = event.finish_reason
-            buf = buf[pos:]
-        if not done and (lines or buf.strip()):
-            tail = [*lines, *(ln.rstrip(b"\r") for ln in buf.split(b"\n") if ln)]
-            done = parse_event(tail).done
+        if not done:
+            tail = framer.finish()
+            done = tail is not None and tail.done
         if not done:
             out.fail(
                 "client_error",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from replayer.errors import ConfigError
 from traces.materialize import Api, PromptConfig
@@ -21,8 +22,8 @@ class EndpointConfig:
     EndpointConfig(base_url="http://127.0.0.1:8000", model="Qwen/Qwen3-8B")
     """
 
-    base_url: str
-    model: str
+    base_url: str | None = None  # None: start the built-in simulated endpoint
+    model: str | None = None  # None: the first model the server lists
     api: Api = "completions"
     api_key: str | None = field(default=None, repr=False)  # never stored or printed
     connect_timeout_s: float = 10.0
@@ -33,7 +34,9 @@ class EndpointConfig:
     include_usage: bool = True  # stream_options.include_usage
 
     def __post_init__(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
+        if self.base_url is not None and not self.base_url.startswith(
+            ("http://", "https://")
+        ):
             raise ConfigError(
                 f"endpoint must be an http(s) URL (got {self.base_url!r})"
             )
@@ -42,38 +45,112 @@ class EndpointConfig:
         if self.total_timeout_s is not None and self.total_timeout_s <= 0:
             raise ConfigError(f"total timeout must be > 0 (got {self.total_timeout_s})")
 
+    def v1(self) -> str:
+        """``<base>/v1`` (the base URL may or may not end in /v1)."""
+        if self.base_url is None:
+            raise ConfigError("no endpoint URL: the simulated endpoint was not started")
+        base = self.base_url.rstrip("/")
+        return base if base.endswith("/v1") else base + "/v1"
+
     def url(self) -> str:
         """The POST URL for the chosen API."""
-        base = self.base_url.rstrip("/")
-        if not base.endswith("/v1"):
-            base += "/v1"
-        return base + ("/chat/completions" if self.api == "chat" else "/completions")
+        return self.v1() + (
+            "/chat/completions" if self.api == "chat" else "/completions"
+        )
+
+    def server_root(self) -> str:
+        """The server's root (where /metrics lives): the base URL without /v1."""
+        return self.v1()[: -len("/v1")]
 
     def as_metadata(self) -> dict[str, Any]:
-        """JSON-ready, without the API key."""
+        """JSON-ready, without the API key or credentials in the URL."""
         d = {k: v for k, v in asdict(self).items() if k != "api_key"}
+        d["base_url"] = public_url(self.base_url)
         d["api_key_set"] = self.api_key is not None
         return d
+
+
+def public_url(url: str | None) -> str | None:
+    """``url`` without user:password (never recorded, logged or printed)."""
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lanes:
+    """N live session trees (AgentX): a lane takes the next tree only when its whole
+    tree, subagents included, has drained."""
+
+    concurrency: int = 1
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigError(f"concurrency must be >= 1 (got {self.concurrency})")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateArrivals:
+    """Session trees start as a Poisson (or gamma) process of ``session_rate``/s."""
+
+    session_rate: float
+    arrival: Arrival = "poisson"
+    burstiness: float = 1.0  # gamma shape; 1.0 = Poisson (vLLM's convention)
+
+    def __post_init__(self) -> None:
+        if not self.session_rate > 0:
+            raise ConfigError(
+                f"session rate must be > 0 sessions/s (got {self.session_rate})"
+            )
+        if self.burstiness <= 0:
+            raise ConfigError(f"burstiness must be > 0 (got {self.burstiness})")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceTimestamps:
+    """Each session starts at its trace arrival time, and each request no earlier
+    than its trace time, divided by ``speedup`` (Mooncake)."""
+
+    speedup: float = 1.0  # trace time / replay time
+
+    def __post_init__(self) -> None:
+        if self.speedup <= 0:
+            raise ConfigError(f"speedup must be > 0 (got {self.speedup})")
+
+
+Schedule = Lanes | RateArrivals | TraceTimestamps
+
+
+def schedule_kind(schedule: Schedule) -> Mode:
+    """The run.json name of a schedule."""
+    if isinstance(schedule, RateArrivals):
+        return "session_rate"
+    if isinstance(schedule, TraceTimestamps):
+        return "timestamps"
+    return "concurrency"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplayConfig:
     """How a trace is replayed.
 
-    ReplayConfig(endpoint=..., mode="concurrency", concurrency=8, think_scale=0.0)
+    ReplayConfig(endpoint=EndpointConfig(...), schedule=Lanes(concurrency=8),
+                 think_scale=0.0)
     """
 
     endpoint: EndpointConfig
     prompt: PromptConfig = field(default_factory=PromptConfig)
-    mode: Mode = "concurrency"
-    concurrency: int = 1  # live session trees (concurrency mode)
-    session_rate: float | None = None  # session trees per second (session_rate mode)
-    arrival: Arrival = "poisson"
-    burstiness: float = 1.0  # gamma shape; 1.0 = Poisson
-    speedup: float = 1.0  # trace time / replay time (timestamps mode)
+    schedule: Schedule = field(default_factory=Lanes)
     think_scale: float = 1.0  # multiplies the trace's think gaps
     think_cap_s: float | None = None  # caps each (scaled) think gap
-    warmup_s: float = 0.0  # rows started before this are flagged warmup
+    warmup_s: float = 0.0  # rows scheduled before this are flagged warmup
     duration_s: float | None = None  # stop starting work after this
     drain: Drain = "finish"  # at duration end: finish or cancel in-flight requests
     loop: bool = False  # start the trace over when exhausted (until duration_s)
@@ -82,18 +159,10 @@ class ReplayConfig:
     scrape_interval_s: float = 1.0  # server /metrics; 0 disables
     max_inflight: int | None = None  # cap on requests in flight (None: no cap)
     labels: dict[str, Any] = field(default_factory=dict)  # engine, tp, gpus ...
-    worker_id: int = 0
-    workers: int = 1
+    workers: int = 1  # processes, sessions sharded round-robin
+    sim_args: tuple[str, ...] = ()  # options of the built-in simulated endpoint
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ConfigError(f"concurrency must be >= 1 (got {self.concurrency})")
-        if self.mode == "session_rate" and not (self.session_rate or 0) > 0:
-            raise ConfigError("session rate must be > 0 sessions/s")
-        if self.burstiness <= 0:
-            raise ConfigError(f"burstiness must be > 0 (got {self.burstiness})")
-        if self.speedup <= 0:
-            raise ConfigError(f"speedup must be > 0 (got {self.speedup})")
         if self.think_scale < 0:
             raise ConfigError(f"think scale must be >= 0 (got {self.think_scale})")
         if self.think_cap_s is not None and self.think_cap_s < 0:
@@ -106,10 +175,18 @@ class ReplayConfig:
             raise ConfigError(f"max in-flight must be >= 1 (got {self.max_inflight})")
         if self.loop and self.duration_s is None:
             raise ConfigError("--loop needs --duration (it would never end)")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1 (got {self.workers})")
 
     def as_metadata(self) -> dict[str, Any]:
         """The effective config, JSON-ready, without secrets."""
-        d = {k: v for k, v in asdict(self).items() if k not in ("endpoint", "prompt")}
+        d = {
+            k: v
+            for k, v in asdict(self).items()
+            if k not in ("endpoint", "prompt", "schedule", "sim_args")
+        }
+        d["schedule"] = {"kind": schedule_kind(self.schedule), **asdict(self.schedule)}
         d["endpoint"] = self.endpoint.as_metadata()
         d["prompt"] = asdict(self.prompt)
+        d["sim_args"] = list(self.sim_args)
         return d

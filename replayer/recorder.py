@@ -1,6 +1,10 @@
 """ParquetRecorder: rows go into memory with a non-blocking put(); one writer task
 flushes them to a new part file every few seconds (a killed run loses at most the last
 interval; every part file is a complete Parquet file). Always flushes on exit.
+
+One owner per mutable thing: the pending rows belong to the event loop (``put`` and
+the writer task swap the whole list there); a flush thread gets a batch of its own and
+only writes files, one flush at a time.
 """
 
 from __future__ import annotations
@@ -9,17 +13,13 @@ import asyncio
 import contextlib
 import json
 import tempfile
-import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import pyarrow.parquet as pq
 
 from replayer.errors import RecorderError
-from replayer.records import RequestRecord, records_to_table
-
-RUN_METADATA_KEY = b"replayer.run"
+from replayer.records import RUN_METADATA_KEY, RequestRecord, RunMeta, records_to_table
 
 
 class ParquetRecorder:
@@ -32,20 +32,21 @@ class ParquetRecorder:
         worker_id: int = 0,
         flush_interval_s: float = 2.0,
         flush_rows: int = 5000,
-        metadata: dict[str, Any] | None = None,
+        metadata: RunMeta | None = None,
     ) -> None:
         self.dir = run_dir / "requests"
         self.worker_id = worker_id
         self.flush_interval_s = flush_interval_s
         self.flush_rows = flush_rows
-        self._pending: list[RequestRecord] = []
-        self._seq = 0
+        self._pending: list[RequestRecord] = []  # loop thread only
+        self._retry: list[RequestRecord] = []  # rows a failed flush gave back
+        self._seq = 0  # next part file; only the (single) flushing thread moves it
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._closing = False
-        # Flushes run in worker threads; one at a time, each to its own file.
-        self._lock = threading.Lock()
-        self._metadata = metadata or {}
+        self._metadata = b"{}"
+        if metadata is not None:
+            self.set_metadata(metadata)
         self.rows_written = 0
         self.max_pending = 0  # peak queue depth: reported, never blocks the timed path
         self.flush_errors = 0
@@ -58,9 +59,9 @@ class ParquetRecorder:
         if n >= self.flush_rows:
             self._wake.set()
 
-    def set_metadata(self, metadata: dict[str, Any]) -> None:
+    def set_metadata(self, metadata: RunMeta) -> None:
         """Replace the run metadata stored in part files written from now on."""
-        self._metadata = metadata
+        self._metadata = json.dumps(metadata.as_dict(), default=str).encode()
 
     async def __aenter__(self) -> ParquetRecorder:
         try:
@@ -81,20 +82,28 @@ class ParquetRecorder:
         tb: TracebackType | None,
     ) -> None:
         # Let the writer finish the flush it may be in (a thread cannot be cancelled),
-        # then write what is left. Runs to the end even when the run was cancelled.
+        # then write what is left, even when the run was cancelled or the writer
+        # failed; the writer's error surfaces after the final flush.
         self._closing = True
         self._wake.set()
         cancelled = False
+        writer_error: BaseException | None = None
         if self._task is not None:
             try:
                 await _finish(self._task)
             except asyncio.CancelledError:
                 cancelled = True
-        final = asyncio.ensure_future(asyncio.to_thread(self._flush_sync, True))
+            except Exception as err:
+                writer_error = err
+        batches = [b for b in (self._retry, self._pending) if b]
+        self._retry, self._pending = [], []
+        final = asyncio.ensure_future(asyncio.to_thread(self._final, batches))
         try:
             await _finish(final)
         except asyncio.CancelledError:
             cancelled = True
+        if writer_error is not None:
+            raise writer_error
         if cancelled:
             raise asyncio.CancelledError
 
@@ -104,49 +113,66 @@ class ParquetRecorder:
                 async with asyncio.timeout(self.flush_interval_s):
                     await self._wake.wait()
             self._wake.clear()
-            await asyncio.to_thread(self._flush_sync, False)
+            if self._closing:
+                return
+            batch = self._retry + self._pending
+            self._retry, self._pending = [], []
+            if batch:
+                failed = await asyncio.to_thread(self._write, batch, self._metadata)
+                # Kept for the next flush; rows put meanwhile are in _pending.
+                self._retry = failed
 
-    def _flush_sync(self, final: bool) -> None:
-        with self._lock:
-            self._flush_locked(final)
+    def _write(self, rows: list[RequestRecord], metadata: bytes) -> list[RequestRecord]:
+        """Write one part file; the rows back when the disk refused them."""
+        try:
+            self._write_part(rows, metadata)
+        except OSError:
+            self.flush_errors += 1
+            return rows
+        return []
 
-    def _flush_locked(self, final: bool) -> None:
-        if not self._pending:
-            return
-        rows, self._pending = self._pending, []
-        table = records_to_table(rows)
-        meta = {RUN_METADATA_KEY: json.dumps(self._metadata, default=str).encode()}
-        table = table.replace_schema_metadata(meta)
+    def _write_part(self, rows: list[RequestRecord], metadata: bytes) -> None:
+        table = records_to_table(rows).replace_schema_metadata(
+            {RUN_METADATA_KEY: metadata}
+        )
         path = self.dir / f"part-{self.worker_id:03d}-{self._seq:05d}.parquet"
         tmp = path.with_name("." + path.name + ".tmp")
         try:
             pq.write_table(table, tmp, compression="zstd")
             tmp.replace(path)
-        except OSError as exc:
-            # Keep the rows: the next flush retries; the final one reports.
-            self._pending = rows + self._pending
-            self.flush_errors += 1
+        except OSError:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-            if final:
-                raise RecorderError(
-                    f"{path}: cannot write {len(self._pending)} rows "
-                    f"({exc.strerror or exc}); {self._rescue()}"
-                ) from exc
-            return
+            raise
         self._seq += 1
         self.rows_written += len(rows)
 
-    def _rescue(self) -> str:
+    def _final(self, batches: list[list[RequestRecord]]) -> None:
+        """The last flush: each batch to its part file, else to the temp folder."""
+        refused: list[RequestRecord] = []
+        error: OSError | None = None
+        for rows in batches:
+            try:
+                self._write_part(rows, self._metadata)
+            except OSError as exc:
+                self.flush_errors += 1
+                refused.extend(rows)
+                error = exc
+        if refused and error is not None:
+            path = self.dir / f"part-{self.worker_id:03d}-{self._seq:05d}.parquet"
+            raise RecorderError(
+                f"{path}: cannot write {len(refused)} rows "
+                f"({error.strerror or error}); {self._rescue(refused)}"
+            ) from error
+
+    def _rescue(self, rows: list[RequestRecord]) -> str:
         """Last resort for rows the run directory refused: the temp folder."""
-        rows, self._pending = self._pending, []
         run_id = rows[0].run_id if rows else "run"
         name = f"replayer-rescue-{run_id}-{self.worker_id:03d}-{self._seq:05d}.parquet"
         rescue = Path(tempfile.gettempdir()) / name
         try:
             pq.write_table(records_to_table(rows), rescue, compression="zstd")
         except OSError as exc:
-            self._pending = rows
             return f"saving them to {rescue} failed too ({exc.strerror or exc})"
         self.rows_written += len(rows)
         return f"they were saved to {rescue}"

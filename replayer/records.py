@@ -1,15 +1,20 @@
-"""One row per request: the RequestRecord dataclass and RECORD_SCHEMA, the contract
-shared by the recorder (writes) and ``analysis`` (reads). Field name = column name.
+"""The run-directory contract, shared by the engine (writes) and ``analysis`` (reads):
+
+* ``requests/part-*.parquet``: one row per request, :class:`RequestRecord` /
+  ``RECORD_SCHEMA`` (field name = column name), the run metadata under
+  ``RUN_METADATA_KEY`` in each file's key-value metadata;
+* ``server_metrics.parquet``: Prometheus samples, ``SERVER_METRICS_SCHEMA``;
+* ``run.json``: :class:`RunMeta`.
 
 Times are int64 nanoseconds on the perf counter, as offsets from the run's start
 (``run.json`` holds the wall-clock anchor). A count the server did not report is null,
-never 0.
+never 0. Import-light: pyarrow only, no aiohttp.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Literal, get_args
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, get_args
 
 import pyarrow as pa
 
@@ -34,9 +39,7 @@ class RequestRecord:
     end_ns: int | None = None  # last byte of the response / the failure
     ttft_ns: int | None = None  # first_token_ns - start_ns
     e2e_ns: int | None = None  # end_ns - start_ns
-    tpot_ns: int | None = None  # (e2e - ttft) / (output_tokens - 1); None if < 2 tokens
-    itl_mean_ns: int | None = None  # mean gap between content chunks
-    itl_max_ns: int | None = None
+    tpot_ns: int | None = None  # see tpot_ns(); None if < 2 tokens or not ok
     chunk_times_ns: list[int] = field(
         default_factory=list
     )  # content chunk arrivals, from start_ns
@@ -75,8 +78,6 @@ RECORD_SCHEMA = pa.schema(
         ("ttft_ns", pa.int64()),
         ("e2e_ns", pa.int64()),
         ("tpot_ns", pa.int64()),
-        ("itl_mean_ns", pa.int64()),
-        ("itl_max_ns", pa.int64()),
         ("chunk_times_ns", pa.list_(pa.int64())),
         ("trace_input_tokens", pa.int64()),
         ("prompt_tokens", pa.int64()),
@@ -100,8 +101,150 @@ RECORD_SCHEMA = pa.schema(
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 
+SERVER_METRICS_SCHEMA = pa.schema(
+    [
+        ("scrape_ns", pa.int64()),  # run-relative perf-counter ns
+        ("metric", pa.string()),  # sample name, e.g. vllm:prefix_cache_hits_total
+        ("labels", pa.string()),  # JSON object
+        ("value", pa.float64()),
+    ]
+)
+
+RUN_METADATA_KEY = b"replayer.run"  # Parquet key-value metadata: RunMeta as JSON
+
+
+def tpot_ns(e2e_ns: int, ttft_ns: int, output_tokens: int) -> int:
+    """Time per output token after the first: (E2E - TTFT) / (output_tokens - 1).
+
+    The project's one TPOT definition (vLLM's, SGLang's and AIPerf's): the engine
+    fills the ``tpot_ns`` column with it and analysis reads that column. Needs
+    ``output_tokens >= 2``.
+    """
+    return (e2e_ns - ttft_ns) // (output_tokens - 1)
+
 
 def records_to_table(records: list[RequestRecord]) -> pa.Table:
     """Rows → an Arrow table with RECORD_SCHEMA."""
     columns = {name: [getattr(r, name) for r in records] for name in RECORD_FIELDS}
     return pa.Table.from_pydict(columns, schema=RECORD_SCHEMA)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceInfo:
+    """The trace a run replayed (``run.json`` ``trace``)."""
+
+    path: str | None = None  # absolute path when the run started
+    content_hash: str | None = None  # sha256 over the trace's files
+    format: str | None = None  # weka, mooncake, native, store ...
+    sessions: int | None = None  # session trees
+    requests: int | None = None  # requests in the trace (subagents included)
+    ideal_cache_hit_rate: float | None = None
+    block_size: int | None = None  # tokens per hash block in the trace
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModeInfo:
+    """How session trees were started (``run.json`` ``mode``)."""
+
+    kind: str = "concurrency"  # concurrency | session_rate | timestamps
+    concurrency: int | None = None
+    session_rate: float | None = None  # session trees per second
+    speedup: float | None = None  # trace time / replay time
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunCounts:
+    """Rows by outcome (``run.json`` ``counts``)."""
+
+    requests: int = 0  # rows written: ok + failed + skipped + cancelled
+    ok: int = 0
+    failed: int = 0  # http_error, timeout, client_error
+    skipped: int = 0  # never sent: the rest of a session after a failure
+    cancelled: int = 0  # cut by Ctrl-C, SIGTERM or --drain cancel
+    trace_requests: int = 0  # requests in the (sharded) trace
+
+    def __add__(self, other: RunCounts) -> RunCounts:
+        """Counts of two workers' shards together."""
+        return RunCounts(
+            **{
+                f.name: getattr(self, f.name) + getattr(other, f.name)
+                for f in fields(self)
+            }
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunMeta:
+    """``run.json``, and the same JSON in every part file's metadata.
+
+    Written by the engine at the start of a run and again at its end (the end fields
+    are None in between, so a crashed run shows as incomplete); read back as a type by
+    ``analysis``. Never holds an API key or URL credentials. Keys a newer version
+    wrote and this one does not know are kept in ``extra``.
+    """
+
+    run_id: str = ""
+    tool: str = "agentic-trace-replayer"
+    tool_version: str = ""
+    python: str = ""
+    trace: TraceInfo = field(default_factory=TraceInfo)
+    endpoint: str | None = None  # base URL, credentials removed
+    model: str | None = None
+    api: str | None = None  # completions | chat
+    mode: ModeInfo = field(default_factory=ModeInfo)
+    warmup_s: float = 0.0
+    duration_limit_s: float | None = None
+    labels: dict[str, Any] = field(default_factory=dict)  # engine, tp, gpus ...
+    seed: int = 0
+    salt: str = ""
+    block_tokens: int | None = None  # tokens per materialized block (None: trace's)
+    worker_id: int | None = 0  # None in the merged run.json of a --workers run
+    workers: int = 1
+    config: dict[str, Any] = field(default_factory=dict)  # the effective config
+    simulated: bool = False  # replayed against the built-in simulated endpoint
+    sim: dict[str, Any] | None = None  # its settings when simulated
+    start_unix_ns: int | None = None  # wall clock at run-relative 0
+    measure_start_ns: int = 0  # run-relative end of warm-up
+    end_unix_ns: int | None = None  # None: the run has not finished (or crashed)
+    duration_s: float | None = None
+    interrupted: bool | None = None
+    error: str | None = None  # why the run stopped early (a worker that died ...)
+    counts: RunCounts | None = None
+    recorder: dict[str, Any] | None = None  # queue depth, flush errors
+    materializer: dict[str, Any] | None = None  # block cache statistics
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """False for a run that stopped without writing its end (a crash)."""
+        return self.end_unix_ns is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready; the keys are the run.json contract."""
+        d = asdict(self)
+        extra = d.pop("extra")
+        return {**extra, **d}
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> RunMeta:
+        """Read run.json as written by this or another version (missing keys take
+        their defaults; unknown keys go to ``extra``; nested values of the wrong
+        type are dropped)."""
+        known = {f.name for f in fields(cls)} - {"extra"}
+        kw: dict[str, Any] = {k: v for k, v in obj.items() if k in known}
+        for name, sub in (
+            ("trace", TraceInfo),
+            ("mode", ModeInfo),
+            ("counts", RunCounts),
+        ):
+            value = kw.get(name)
+            if isinstance(value, dict):
+                names = {f.name for f in fields(sub)}
+                kw[name] = sub(**{k: v for k, v in value.items() if k in names})
+            elif value is not None or name != "counts":
+                kw.pop(name, None)
+        for name in ("labels", "config"):
+            if not isinstance(kw.get(name, {}), dict):
+                kw.pop(name)
+        kw["extra"] = {k: v for k, v in obj.items() if k not in known}
+        return cls(**kw)

@@ -16,15 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from replayer.clock import Clock
 from replayer.config import EndpointConfig
 from replayer.errors import RecorderError
-
-SERVER_METRICS_SCHEMA = pa.schema(
-    [
-        ("scrape_ns", pa.int64()),  # run-relative perf-counter ns
-        ("metric", pa.string()),  # sample name, e.g. vllm:prefix_cache_hits_total
-        ("labels", pa.string()),  # JSON object
-        ("value", pa.float64()),
-    ]
-)
+from replayer.records import SERVER_METRICS_SCHEMA
 
 
 def parse_metrics(text: str) -> list[tuple[str, str, float]]:
@@ -47,10 +39,7 @@ class MetricsScraper:
         clock: Clock,
         t0_ns: int,
     ) -> None:
-        base = endpoint.base_url.rstrip("/")
-        if base.endswith("/v1"):
-            base = base[:-3]
-        self.url = base + "/metrics"
+        self.url = endpoint.server_root() + "/metrics"
         self.session = session
         self.clock = clock
         self.t0_ns = t0_ns

@@ -1,4 +1,6 @@
-"""Pure parsing of OpenAI-style server-sent events; no I/O.
+"""Pure parsing of OpenAI-style server-sent events; no I/O: the byte framer (bytes as
+they arrive → events stamped with the arrival of their first byte) and the event
+parser.
 
 Handles what real servers send: comment lines (``: ping``), ``\\r\\n`` line ends, a
 role-only first chunk, several tokens per chunk, ``reasoning_content``/``reasoning``
@@ -7,6 +9,7 @@ deltas, an empty-choices usage chunk, error events, and ``data: [DONE]``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,3 +142,66 @@ def usage_counts(
 
 def _int_or_none(v: object) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+class EventFramer:
+    """Splits a response body, fed in reads as they arrive, into parsed events.
+
+    Each event is stamped with the arrival time of its first byte: events that came
+    in one read share its stamp, and an event split over two reads keeps the first.
+
+        framer = EventFramer()
+        for stamp_ns, event in framer.feed(data, now_ns): ...
+        tail = framer.finish()  # at EOF: an unterminated last event, or None
+    """
+
+    __slots__ = ("_buf", "_buf_stamp", "_lines", "_stamp")
+
+    def __init__(self) -> None:
+        self._buf = b""  # bytes after the last complete line
+        self._buf_stamp = 0  # arrival of the first byte now in _buf
+        self._lines: list[bytes] = []  # lines of the event being read
+        self._stamp = 0  # arrival of that event's first byte
+
+    def feed(self, data: bytes, now_ns: int) -> Iterator[tuple[int, Event]]:
+        """The events that ``data`` (read at ``now_ns``) completes. Stopping early
+        (at ``data: [DONE]``) is fine: the rest stays buffered."""
+        buf = self._buf
+        buf_stamp = self._buf_stamp if buf else now_ns
+        buf += data
+        lines = self._lines
+        stamp = self._stamp
+        pos = 0
+        try:
+            while True:
+                nl = buf.find(b"\n", pos)
+                if nl < 0:
+                    return
+                line = buf[pos:nl].rstrip(b"\r")
+                line_stamp = buf_stamp
+                pos = nl + 1
+                buf_stamp = now_ns  # what is left arrived in this read
+                if line:
+                    if not lines:
+                        stamp = line_stamp
+                    lines.append(line)
+                    continue
+                if not lines:
+                    continue
+                event = parse_event(lines)
+                lines = []
+                yield stamp, event
+        finally:
+            self._buf = buf[pos:]
+            self._buf_stamp = buf_stamp
+            self._lines = lines
+            self._stamp = stamp
+
+    def finish(self) -> Event | None:
+        """At EOF: the event the unterminated tail holds, or None when none is left."""
+        tail = [
+            *self._lines,
+            *(ln.rstrip(b"\r") for ln in self._buf.split(b"\n") if ln),
+        ]
+        self._buf, self._lines = b"", []
+        return parse_event(tail) if tail else None

@@ -1,12 +1,24 @@
-"""`--workers N`: one asyncio process per core, sessions sharded round-robin, one start
-barrier and one shared zero (perf_counter_ns is system-wide on Linux), part files per
-worker in one run directory; the parent merges the run metadata."""
+"""``--workers N``: one asyncio process per core, sessions sharded round-robin, part
+files per worker in one run directory, and one shared zero (``perf_counter_ns`` is
+system-wide on Linux).
+
+Each worker prepares everything slow (reading the trace, ideal hits, the model check,
+opening its files) before a two-round start barrier; one of them then sets the zero
+slightly in the future. The parent watches, never waits blindly: it polls each
+worker's result pipe and process sentinel, so a worker that dies (a crash, SIGKILL,
+an error of any type) stops the run within seconds, with a one-line error that names
+it and its exit code, while the other workers flush what they recorded.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import signal
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,130 +26,253 @@ from typing import Any
 
 from replayer.config import ReplayConfig
 from replayer.errors import ReplayerError
-from replayer.run import RunSummary, replay_trace
-from traces.io import read_trace
-from traces.model import Trace
+from replayer.progress import RunSummary, summarize_run
+from replayer.records import RunCounts, RunMeta
+from replayer.rundir import read_run_json, write_run_json
 
-_START_DELAY_NS = 200_000_000  # after the barrier, so every worker is waiting at t0
+_START_DELAY_NS = 200_000_000  # after the barrier, so every worker waits at t0
+_BARRIER_TIMEOUT_S = 3600.0  # a worker still preparing after this is stuck
+_POLL_S = 0.5  # how often the parent looks at its workers
+_STOP_GRACE_S = 30.0  # SIGTERM'd workers flush within this, else SIGKILL
+_SELF_STOP_S = 5.0  # after Ctrl-C: time for workers to stop before SIGTERM
 
 
-def _worker(
+class WorkerFailed(ReplayerError):
+    """A worker process failed or died; the others were stopped."""
+
+
+def _worker_json(worker_id: int) -> str:
+    return f"run-worker-{worker_id:03d}.json"
+
+
+def _worker_main(
     trace_path: str,
     config: ReplayConfig,
     run_dir: str,
-    run_id: str,
-    extra: dict[str, Any],
+    meta: RunMeta,
+    worker_id: int,
     barrier: Any,
     t0: Any,
-    results: Any,
+    conn: mpc.Connection,
 ) -> None:
+    from replayer.launch import replay_trace, run_async
+    from traces.errors import TraceError
+    from traces.io import read_trace
+
+    async def gate() -> int:
+        # Two rounds: all prepared; one sets the shared zero; all read it.
+        if await asyncio.to_thread(barrier.wait, _BARRIER_TIMEOUT_S) == 0:
+            t0.value = time.perf_counter_ns() + _START_DELAY_NS
+        await asyncio.to_thread(barrier.wait, _BARRIER_TIMEOUT_S)
+        return int(t0.value)
+
     try:
         trace = read_trace(trace_path)
-        # Two barrier rounds: all loaded; one sets the shared zero; all read it.
-        if barrier.wait() == 0:
-            t0.value = time.perf_counter_ns() + _START_DELAY_NS
-        barrier.wait()
-        summary = asyncio.run(
-            replay_trace(
+        summary = run_async(
+            lambda: replay_trace(
                 trace,
                 config,
                 Path(run_dir),
-                trace_path=Path(trace_path),
-                run_id=run_id,
-                extra_metadata=extra,
-                t0_ns=t0.value,
-                run_json_name=f"run-worker-{config.worker_id:03d}.json",
+                meta=meta,
+                worker_id=worker_id,
+                start_gate=gate,
+                run_json_name=_worker_json(worker_id),
             )
         )
-        results.put((config.worker_id, "ok", summary.counts, summary.duration_s))
-    except ReplayerError as exc:
-        results.put((config.worker_id, "error", str(exc), 0.0))
+        conn.send(("ok", summary.duration_s))
+    except (ReplayerError, TraceError) as exc:
+        conn.send(("error", str(exc)))
+    except threading.BrokenBarrierError:
+        conn.send(("aborted", "stopped before the start: another worker failed"))
     except KeyboardInterrupt:
-        results.put((config.worker_id, "interrupted", "", 0.0))
+        conn.send(("interrupted", ""))
+    finally:
+        conn.close()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def replay_with_workers(
-    trace: Trace,
-    config: ReplayConfig,
-    run_dir: Path,
-    *,
-    trace_path: Path,
-    run_id: str,
-    extra_metadata: dict[str, Any],
-    progress: bool,
+    trace_path: Path, config: ReplayConfig, run_dir: Path, *, meta: RunMeta
 ) -> RunSummary:
     """Run ``config.workers`` processes over shards of the trace; merge run.json."""
     ctx = mp.get_context("spawn")
     n = config.workers
     t0 = ctx.Value("q", 0)
     barrier = ctx.Barrier(n)
-    results = ctx.Queue()
-    procs = []
+    procs: list[Any] = []
+    conns: list[mpc.Connection] = []
     for k in range(n):
+        # One scraper for the run: the server's metrics are the same for everyone.
         cfg = replace(
-            config,
-            worker_id=k,
-            scrape_interval_s=config.scrape_interval_s if k == 0 else 0.0,
+            config, scrape_interval_s=config.scrape_interval_s if k == 0 else 0
         )
+        ours, theirs = ctx.Pipe(duplex=False)
         p = ctx.Process(
-            target=_worker,
-            args=(
-                str(trace_path),
-                cfg,
-                str(run_dir),
-                run_id,
-                extra_metadata,
-                barrier,
-                t0,
-                results,
-            ),
+            target=_worker_main,
+            args=(str(trace_path), cfg, str(run_dir), meta, k, barrier, t0, theirs),
             name=f"replayer-worker-{k}",
         )
         p.start()
+        theirs.close()
         procs.append(p)
-    outcomes = []
-    try:
-        for _ in range(n):
-            outcomes.append(results.get())
-    finally:
-        for p in procs:
-            p.join()
-    errors = [msg for _, status, msg, _ in outcomes if status == "error"]
-    if errors:
-        raise ReplayerError(errors[0])
-    counts: dict[str, int] = {}
-    for _, _, c, _ in outcomes:
-        for key, value in c.items():
-            if key != "trace_requests":
-                counts[key] = counts.get(key, 0) + value
-    counts["trace_requests"] = trace.request_count()
-    duration = max(d for *_, d in outcomes)
-    meta = json.loads((run_dir / "run-worker-000.json").read_text())
-    meta.update(counts=counts, duration_s=duration, worker_id=None, workers=n)
-    meta["trace"]["sessions"] = len(trace.sessions)
-    meta["trace"]["requests"] = trace.request_count()
-    (run_dir / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    del progress
-    import numpy as np
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+        conns.append(ours)
+    results: dict[int, tuple[str, Any]] = {}
+    interrupted = False
+    previous = signal.getsignal(signal.SIGTERM)
 
-    table = pq.read_table(
-        run_dir / "requests", columns=["status", "ttft_ns", "output_tokens"]
-    )
-    ok = table.filter(pc.equal(table["status"], "ok"))
-    ttft = ok["ttft_ns"].drop_null().to_numpy()
-    out_tokens = float(pc.sum(ok["output_tokens"]).as_py() or 0)
-    return RunSummary(
-        run_dir=run_dir,
-        run_id=run_id,
-        requests=counts.get("requests", 0),
-        ok=counts.get("ok", 0),
-        failed=counts.get("failed", 0),
-        skipped=counts.get("skipped", 0),
-        duration_s=duration,
+    def forward_sigterm(signum: int, frame: Any) -> None:
+        _signal_running(procs, results)
+        raise KeyboardInterrupt
+
+    with contextlib.suppress(ValueError):  # not the main thread: leave it
+        signal.signal(signal.SIGTERM, forward_sigterm)
+    try:
+        try:
+            _watch(procs, conns, results, barrier)
+        except KeyboardInterrupt:
+            # Ctrl-C reached the workers too (one process group); SIGTERM was
+            # forwarded. Whoever has not stopped after a grace period is told.
+            interrupted = True
+            _stop(procs, conns, results, barrier, signal_now=False)
+    finally:
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGTERM, previous)
+        for p in procs:
+            p.join(timeout=_STOP_GRACE_S)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    failure = _failure(procs, results)
+    merged = _merge(run_dir, n, meta, interrupted=interrupted, error=failure)
+    if failure is not None:
+        raise WorkerFailed(f"{failure}; the rows recorded so far are in {run_dir}")
+    if interrupted:
+        raise KeyboardInterrupt
+    assert merged.counts is not None
+    return summarize_run(
+        run_dir,
+        run_id=meta.run_id,
+        counts=merged.counts,
+        duration_s=merged.duration_s or 0.0,
         interrupted=False,
-        p90_ttft_ms=float(np.percentile(ttft, 90)) / 1e6 if ttft.size else None,
-        output_tok_s=out_tokens / duration if duration > 0 else 0.0,
-        counts=counts,
     )
+
+
+def _poll(
+    procs: list[Any], conns: list[mpc.Connection], results: dict[int, tuple[str, Any]]
+) -> None:
+    """Collect what finished: a result sent, or a process that ended without one."""
+    for k, (p, conn) in enumerate(zip(procs, conns, strict=True)):
+        if k in results:
+            continue
+        try:
+            if conn.poll():
+                results[k] = conn.recv()
+                continue
+        except (EOFError, OSError):
+            p.join(timeout=5.0)  # closed without a result: it is dying
+        if not p.is_alive():
+            results[k] = ("died", p.exitcode)
+
+
+def _watch(
+    procs: list[Any],
+    conns: list[mpc.Connection],
+    results: dict[int, tuple[str, Any]],
+    barrier: Any,
+) -> None:
+    while len(results) < len(procs):
+        waitables: list[Any] = [c for k, c in enumerate(conns) if k not in results]
+        waitables += [p.sentinel for k, p in enumerate(procs) if k not in results]
+        mpc.wait(waitables, timeout=_POLL_S)
+        _poll(procs, conns, results)
+        if any(status not in ("ok", "interrupted") for status, _ in results.values()):
+            _stop(procs, conns, results, barrier, signal_now=True)
+            return
+
+
+def _signal_running(procs: list[Any], results: dict[int, tuple[str, Any]]) -> None:
+    for k, p in enumerate(procs):
+        if k not in results and p.is_alive() and p.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
+
+
+def _stop(
+    procs: list[Any],
+    conns: list[mpc.Connection],
+    results: dict[int, tuple[str, Any]],
+    barrier: Any,
+    *,
+    signal_now: bool,
+) -> None:
+    """Stop the workers still running: SIGTERM (now, or after a grace period for
+    those already stopping on their own); they cancel, flush and report."""
+    barrier.abort()  # a worker waiting at the start gives up
+    if signal_now:
+        _signal_running(procs, results)
+    signalled = signal_now
+    start = time.monotonic()
+    while len(results) < len(procs) and time.monotonic() < start + _STOP_GRACE_S:
+        if not signalled and time.monotonic() > start + _SELF_STOP_S:
+            _signal_running(procs, results)
+            signalled = True
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: keep stopping
+            mpc.wait([p.sentinel for p in procs], timeout=_POLL_S)
+        _poll(procs, conns, results)
+
+
+def _failure(procs: list[Any], results: dict[int, tuple[str, Any]]) -> str | None:
+    """The first failure, in one line: which worker, and how it ended."""
+    for k in sorted(results):
+        status, detail = results[k]
+        if status == "died":
+            return f"worker {k} (pid {procs[k].pid}) {_describe_exit(detail)}"
+        if status == "error":
+            return f"worker {k}: {detail}"
+    for k in sorted(results):
+        status, detail = results[k]
+        if status not in ("ok", "interrupted"):
+            return f"worker {k}: {detail}"
+    return None
+
+
+def _merge(
+    run_dir: Path, n: int, meta: RunMeta, *, interrupted: bool, error: str | None
+) -> RunMeta:
+    """run.json for the whole run: the workers' counts added, the longest duration.
+    A worker that did not get as far as writing its file is left out."""
+    metas = [
+        read_run_json(run_dir / _worker_json(k))
+        for k in range(n)
+        if (run_dir / _worker_json(k)).is_file()
+    ]
+    base = metas[0] if metas else meta
+    counts = RunCounts()
+    for m in metas:
+        if m.counts is not None:
+            counts += replace(m.counts, trace_requests=0)
+    merged = replace(
+        base,
+        worker_id=None,
+        workers=n,
+        counts=replace(counts, trace_requests=base.trace.requests or 0),
+        duration_s=max((m.duration_s or 0.0 for m in metas), default=0.0),
+        end_unix_ns=max((m.end_unix_ns or 0 for m in metas), default=0) or None,
+        interrupted=interrupted
+        or error is not None
+        or any(m.interrupted for m in metas),
+        error=error,
+    )
+    if run_dir.is_dir():
+        write_run_json(run_dir / "run.json", merged)
+    return merged

@@ -10,7 +10,7 @@ the trace, not of one run's timing.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,9 +94,13 @@ def ideal_cached_tokens(trace: Trace) -> dict[RequestKey, int]:
     return out
 
 
-def ideal_hit_totals(trace: Trace) -> tuple[int, int]:
-    """(Σ ideal hit tokens, Σ input tokens) over all requests."""
-    hits = ideal_cached_tokens(trace)
+def ideal_hit_totals(
+    trace: Trace, hits: dict[RequestKey, int] | None = None
+) -> tuple[int, int]:
+    """(Σ ideal hit tokens, Σ input tokens) over all requests (``hits``: the result
+    of :func:`ideal_cached_tokens` when the caller already has it)."""
+    if hits is None:
+        hits = ideal_cached_tokens(trace)
     total_in = sum(r.input_tokens for _, _, r in _all_requests(trace))
     return sum(hits.values()), total_in
 
@@ -106,11 +110,22 @@ def _all_requests(trace: Trace) -> Iterable[tuple[Session, int, Request]]:
         yield from root.ordered_requests()
 
 
+def percentiles(values: npt.ArrayLike, qs: Sequence[float]) -> list[float]:
+    """Percentiles ``qs`` (each in [0, 100]) of ``values``: numpy's linear
+    interpolation, NaNs dropped, NaN for no data. The project's one percentile
+    definition (analysis and the engine's summary line use it too)."""
+    arr = np.asarray(values, dtype=np.float64)
+    arr = arr[~np.isnan(arr)]
+    if arr.size == 0:
+        return [float("nan")] * len(qs)
+    return [float(x) for x in np.percentile(arr, list(qs), method="linear")]
+
+
 def _summary(values: npt.NDArray[Any]) -> dict[str, float]:
     if values.size == 0:
         nan = float("nan")
         return {"mean": nan, "p50": nan, "p90": nan, "p99": nan, "max": nan}
-    p50, p90, p99 = np.percentile(values, [50, 90, 99], method="linear")
+    p50, p90, p99 = percentiles(values, [50, 90, 99])
     return {
         "mean": float(values.mean()),
         "p50": float(p50),

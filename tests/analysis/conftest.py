@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.records import RequestRecord, records_to_table
+from replayer.records import RequestRecord, records_to_table, tpot_ns
 
 _MS = 1_000_000
 
@@ -42,7 +42,8 @@ def make_record(**fields: Any) -> RequestRecord:
 def timed_record(
     *, start_ms: float, ttft_ms: float, e2e_ms: float, out: int, **fields: Any
 ) -> RequestRecord:
-    """A record whose timing columns agree with each other (evenly spaced chunks)."""
+    """A record whose timing columns agree with each other (evenly spaced chunks);
+    ``tpot_ns`` as the engine fills it (ok rows with 2+ output tokens)."""
     start = int(start_ms * _MS)
     ttft = int(ttft_ms * _MS)
     e2e = int(e2e_ms * _MS)
@@ -54,7 +55,11 @@ def timed_record(
         end_ns=start + e2e,
         ttft_ns=ttft,
         e2e_ns=e2e,
-        tpot_ns=step if out > 1 else None,
+        tpot_ns=(
+            tpot_ns(e2e, ttft, out)
+            if out > 1 and fields.get("status", "ok") == "ok"
+            else None
+        ),
         chunk_times_ns=chunks,
         output_tokens=out,
         **fields,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 import pytest
 
 from analysis.cache import lru_cached_tokens, miss_impact, request_cache, tree_cache
@@ -64,7 +64,9 @@ def test_lru_follows_the_runs_start_order(
 def test_request_cache_tree_rates_and_miss_impact(
     rec: Callable[..., RequestRecord],
 ) -> None:
-    def r(sid: str, i: int, ttft_ms: int, cached: int | None, ideal: int):
+    def r(
+        sid: str, i: int, ttft_ms: int, cached: int | None, ideal: int
+    ) -> RequestRecord:
         return rec(session_id=sid, root_session_id=sid, request_index=i,
                    ttft_ns=ttft_ms * MS, prompt_tokens=1000, cached_tokens=cached,
                    ideal_cached_tokens=ideal)  # fmt: skip
@@ -85,7 +87,7 @@ def test_request_cache_tree_rates_and_miss_impact(
     assert trees.loc["A", "ideal"] == pytest.approx(1700 / 3000)
     assert trees.loc["B", "server"] == pytest.approx(0 / 1000)  # only B0 reports
     assert trees.loc["B", "ideal"] == pytest.approx(1400 / 2000)
-    assert np.isnan(trees.loc["B", "lru"])
+    assert np.isnan(trees["lru"]["B"])
     impact = miss_impact(per, tolerance_tokens=64)
     assert impact["requests_reporting"] == 4
     assert impact["requests_with_miss"] == 2
@@ -117,7 +119,7 @@ def test_tree_cache_empty() -> None:
     assert tree_cache(request_cache(records_frame(_empty()))).empty
 
 
-def _empty() -> pd.DataFrame:
+def _empty() -> pa.Table:
     from replayer.records import RECORD_SCHEMA
 
     return RECORD_SCHEMA.empty_table()

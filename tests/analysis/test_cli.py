@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from replayer.cli import main
-from replayer.records import RequestRecord
+from replayer.records import RequestRecord, tpot_ns
 
 MS = 1_000_000
 
@@ -48,6 +48,8 @@ def _random_run(
             session_id=f"s{i % 7}", request_index=i, scheduled_ns=int(sched[i]),
             start_ns=int(start[i]), first_token_ns=int(start[i] + ttft[i]),
             end_ns=int(start[i] + e2e[i]), ttft_ns=int(ttft[i]), e2e_ns=int(e2e[i]),
+            tpot_ns=tpot_ns(int(e2e[i]), int(ttft[i]), int(out[i]))
+            if status[i] == "ok" and out[i] >= 2 else None,
             chunk_times_ns=[int(c) for c in chunks[i]], output_tokens=int(out[i]),
             prompt_tokens=int(prompt[i]), ideal_cached_tokens=int(ideal[i]),
             cached_tokens=int(cached[i]) if cached[i] >= 0 else None,
@@ -89,7 +91,8 @@ def test_analyze_json_matches_numpy(
     for key, v in (("ttft_ms", r["ttft"][ok] / MS), ("e2e_ms", r["e2e"][ok] / MS)):
         assert got[key] == pytest.approx(_stats(v))
     multi = ok & (r["out"] >= 2)
-    tpot = (r["e2e"] - r["ttft"])[multi] / (r["out"][multi] - 1) / MS
+    # The engine's integer TPOT (replayer.records.tpot_ns).
+    tpot = (r["e2e"] - r["ttft"])[multi] // (r["out"][multi] - 1) / MS
     assert got["tpot_ms"] == pytest.approx(_stats(tpot))
     itl = np.concatenate([np.diff(c) for c in r["chunks"][ok]]) / MS
     assert got["itl_ms"] == pytest.approx(_stats(itl))
@@ -207,7 +210,7 @@ def test_report_is_self_contained_html(
     make_run_dir: Callable[..., Path],
     make_sweep_dir: Callable[..., Path],
 ) -> None:
-    scrapes = [
+    scrapes: list[tuple[int, str, dict[str, str], float]] = [
         (t * 10**9, metric, {}, float(v))
         for t in range(6)
         for metric, v in (

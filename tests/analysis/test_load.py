@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from analysis.load import AnalysisError, load_run, load_runs, load_sweep
-from replayer.records import RECORD_SCHEMA, RequestRecord
+from analysis.errors import AnalysisError
+from analysis.load import load_run, load_runs, load_sweep
+from replayer.records import RECORD_SCHEMA, ModeInfo, RequestRecord, RunMeta
 
 
 def test_load_run_reads_all_parts_with_schema_dtypes(
@@ -25,8 +27,8 @@ def test_load_run_reads_all_parts_with_schema_dtypes(
     assert str(df["start_ns"].dtype) == "Int64"
     assert df["cached_tokens"].isna().tolist() == [False, True, False, True, False]
     assert str(df["status"].dtype) == "category"
-    assert run.meta["run_id"] == "run-test"
-    assert run.complete
+    assert run.meta.run_id == "run-test"
+    assert run.meta.complete
     assert run.server_metrics.empty
     assert run.problems == ()
 
@@ -67,8 +69,8 @@ def test_load_run_tolerates_a_crashed_run(
     (path / "requests" / "part-9-99999.parquet").write_bytes(b"PAR1 truncated")
     run = load_run(path)
     assert len(run.requests) == 4
-    assert run.meta["run_id"] == "crashed"  # from the part files' metadata
-    assert not run.complete
+    assert run.meta.run_id == "crashed"  # from the part files' metadata
+    assert not run.meta.complete
     assert any("part-9-99999.parquet: unreadable" in p for p in run.problems)
 
 
@@ -80,8 +82,51 @@ def test_load_run_corrupt_run_json_falls_back(
     path = make_run_dir(tmp_path / "r", [rec()])
     (path / "run.json").write_text("{not json")
     run = load_run(path)
-    assert run.meta["run_id"] == "run-test"
+    assert run.meta.run_id == "run-test"
     assert any("run.json" in p for p in run.problems)
+
+
+def test_load_run_meta_round_trips_run_json(
+    tmp_path: Path,
+    rec: Callable[..., RequestRecord],
+    make_run_dir: Callable[..., Path],
+    make_meta: Callable[..., dict[str, Any]],
+) -> None:
+    written = make_meta(
+        labels={"engine": "vllm", "gpus": 8},
+        counts={"requests": 1, "ok": 1},
+        future_key={"kept": True},  # a newer writer's key: kept in extra
+    )
+    run = load_run(make_run_dir(tmp_path / "r", [rec()], meta=written))
+    assert isinstance(run.meta, RunMeta)
+    assert run.meta == RunMeta.from_dict(written)
+    assert run.meta.mode == ModeInfo(kind="concurrency", concurrency=1)
+    assert run.meta.labels["gpus"] == 8
+    assert run.meta.trace.block_size == 64
+    assert run.meta.extra == {"future_key": {"kept": True}}
+    # as_dict() gives back every key written (the counts gain their defaults).
+    back = run.meta.as_dict()
+    assert set(back) >= set(written)
+    assert {k: back[k] for k in written if k != "counts"} == {
+        k: v for k, v in written.items() if k != "counts"
+    }
+
+
+def test_load_run_without_any_metadata_is_an_empty_run_meta(
+    tmp_path: Path, rec: Callable[..., RequestRecord]
+) -> None:
+    import pyarrow.parquet as pq
+
+    from replayer.records import records_to_table
+
+    (tmp_path / "r" / "requests").mkdir(parents=True)
+    pq.write_table(
+        records_to_table([rec()]), tmp_path / "r" / "requests" / "part-0-00000.parquet"
+    )
+    run = load_run(tmp_path / "r")
+    assert run.meta == RunMeta()
+    assert not run.meta.complete
+    assert "no run.json: metadata unavailable" in run.problems
 
 
 def test_load_run_zero_rows(tmp_path: Path, make_run_dir: Callable[..., Path]) -> None:
@@ -100,7 +145,7 @@ def test_load_sweep_and_runs(
     loaded = load_sweep(sweep)
     assert loaded.levels == ("c1", "c2")
     assert [len(r.requests) for r in loaded.runs] == [1, 2]
-    assert loaded.runs[1].meta["mode"]["concurrency"] == 2
+    assert loaded.runs[1].meta.mode.concurrency == 2
     single = make_run_dir(tmp_path / "one", [rec()])
     assert [r.name for r in load_runs([sweep, single])] == ["c1", "c2", "one"]
     (sweep / "sweep.json").write_text(json.dumps({"levels": "c1"}))

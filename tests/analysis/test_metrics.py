@@ -10,8 +10,10 @@ import pandas as pd
 import pytest
 
 from analysis import metrics as m
+from analysis.errors import AnalysisError, SloError
 from analysis.load import records_frame
 from replayer.records import RequestRecord, records_to_table
+from traces.stats import percentiles as trace_percentiles
 
 MS = 1_000_000
 
@@ -58,6 +60,14 @@ def test_percentile_linear_interpolation() -> None:
     assert m.percentiles([np.nan, 10.0], [0, 100]) == [10.0, 10.0]
 
 
+def test_percentile_rows_is_the_one_definition_along_an_axis() -> None:
+    x = np.random.default_rng(0).normal(size=(7, 13))
+    for q in (2.5, 50, 90, 97.5):
+        assert m.percentile_rows(x, q).tolist() == pytest.approx(
+            [trace_percentiles(row, [q])[0] for row in x], rel=0, abs=1e-12
+        )
+
+
 def test_counts_by_status_and_warmup(five: pd.DataFrame) -> None:
     c = m.counts(five)
     assert c["requests"] == 5
@@ -89,6 +99,31 @@ def test_tpot_ms_is_decode_time_over_tokens_after_first(five: pd.DataFrame) -> N
     assert sorted(m.tpot_ms(five).tolist()) == pytest.approx([50.0, 100.0, 200.0])
 
 
+def test_tpot_ms_reads_the_engines_tpot_column(
+    rec: Callable[..., RequestRecord],
+) -> None:
+    # The column, not a formula of its own: a row whose tpot_ns says 7 ms is 7 ms.
+    row = rec(ttft_ns=5 * MS, e2e_ns=105 * MS, output_tokens=11, tpot_ns=7 * MS)
+    assert m.tpot_ms(records_frame(records_to_table([row]))).tolist() == [7.0]
+
+
+def test_goodput_tpot_agrees_with_tpot_ms(
+    rec: Callable[..., RequestRecord],
+) -> None:
+    # tpot_ns deliberately unlike (E2E - TTFT) / (out - 1) = 10 ms: goodput must
+    # judge the same per-row TPOT that tpot_ms reports.
+    rows = [
+        rec(request_index=i, ttft_ns=5 * MS, e2e_ns=105 * MS, end_ns=105 * MS,
+            output_tokens=11, tpot_ns=t * MS)
+        for i, t in enumerate((20, 40))
+    ]  # fmt: skip
+    df = records_frame(records_to_table(rows))
+    assert sorted(m.tpot_ms(df).tolist()) == [20.0, 40.0]
+    assert m.goodput(df, m.Slo(tpot_ms=30.0))["requests"] == 1
+    assert m.goodput(df, m.Slo(tpot_ms=15.0))["requests"] == 0
+    assert m.goodput(df, m.Slo(tpot_ms=40.0))["requests"] == 2
+
+
 def test_tpot_ms_skips_single_token_rows(rec: Callable[..., RequestRecord]) -> None:
     df = records_frame(
         records_to_table(
@@ -118,6 +153,9 @@ def test_interactivity_p90_is_the_slow_end(five: pd.DataFrame) -> None:
 
 def test_e2e_norm_interactivity(five: pd.DataFrame) -> None:
     # E2E/OSL: A 1.1/11 = 0.1, B 2.3/41 = 0.0561, C 1.0/5 = 0.2 → P90 = 0.18 s.
+    assert sorted(m.e2e_per_token_s(five).tolist()) == pytest.approx(
+        [2.3 / 41, 0.1, 0.2]
+    )
     assert m.e2e_norm_interactivity_tok_s(five) == pytest.approx(1 / 0.18)
 
 
@@ -148,10 +186,18 @@ def test_parse_slo_units_and_errors() -> None:
     assert m.parse_slo("ttft=2s, tpot=50ms,e2e=30") == m.Slo(
         ttft_ms=2000.0, tpot_ms=50.0, e2e_ms=30000.0
     )
-    with pytest.raises(ValueError, match="bad SLO"):
+    with pytest.raises(SloError, match="bad SLO"):
         m.parse_slo("itl=3ms")
-    with pytest.raises(ValueError, match="duration"):
+    with pytest.raises(SloError, match="duration"):
         m.parse_slo("ttft=fast")
+
+
+@pytest.mark.parametrize("text", ["itl=3ms", "ttft=fast", "ttft", " , "])
+def test_parse_slo_errors_are_analysis_errors(text: str) -> None:
+    with pytest.raises(AnalysisError) as info:
+        m.parse_slo(text)
+    assert isinstance(info.value, SloError)
+    assert not isinstance(info.value, ValueError)  # the CLI catches AnalysisError
 
 
 def test_dispatch_lag_ms(five: pd.DataFrame) -> None:
@@ -176,6 +222,19 @@ def test_server_hit_rate_unavailable_is_nan_not_zero(
 
 def test_ideal_hit_rate(five: pd.DataFrame) -> None:
     assert m.ideal_hit_rate(five) == pytest.approx(3600 / 6000)
+
+
+def test_lru_hit_rate_over_simulated_measured_ok_rows(five: pd.DataFrame) -> None:
+    # Rows A..E; B not simulated (NaN); D warm-up and E errored are excluded.
+    lru = np.array([400.0, np.nan, 1500.0, 4000.0, 1000.0])
+    assert m.lru_hit_rate(five, lru) == pytest.approx(1900 / 4000)
+    assert np.isnan(m.lru_hit_rate(five, np.full(5, np.nan)))
+
+
+def test_hit_rate_unavailable_is_nan_not_zero() -> None:
+    assert m.hit_rate([10.0, np.nan], [100.0, 900.0]) == pytest.approx(0.1)
+    assert np.isnan(m.hit_rate([np.nan], [100.0]))
+    assert np.isnan(m.hit_rate([], []))
 
 
 def test_prometheus_hit_rate_from_counter_deltas() -> None:

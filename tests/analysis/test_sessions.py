@@ -16,7 +16,9 @@ MS = 1_000_000
 
 @pytest.fixture
 def tree(rec: Callable[..., RequestRecord]) -> pd.DataFrame:
-    def r(sid: str, idx: int, start: int, end: int, ttft: int, **kw: object):
+    def r(
+        sid: str, idx: int, start: int, end: int, ttft: int, **kw: object
+    ) -> RequestRecord:
         depth = sid.count("/")
         parent = sid.rsplit("/", 1)[0] if depth else None
         root = sid.split("/", 1)[0]

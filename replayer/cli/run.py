@@ -1,19 +1,20 @@
-"""`replayer run`, `replayer sweep` and `replayer demo`."""
+"""`replayer run` and `replayer sweep`: options → a typed ReplayConfig → the library."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import os
 import shlex
-import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+
+from replayer.cli.errors import errors_as_messages, interrupted
+
+if TYPE_CHECKING:
+    from replayer.config import ReplayConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -255,33 +256,47 @@ def _labels(opts: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_config(
-    opts: dict[str, Any], *, endpoint: str, model: str, concurrency: int | None
-) -> Any:
-    """A ReplayConfig from parsed options."""
-    from replayer.config import EndpointConfig, Mode, ReplayConfig
+    opts: dict[str, Any],
+    *,
+    endpoint: str | None,
+    model: str | None,
+    concurrency: int | None,
+) -> ReplayConfig:
+    """A ReplayConfig from parsed `run`/`sweep` options."""
+    from replayer.config import (
+        EndpointConfig,
+        Lanes,
+        RateArrivals,
+        ReplayConfig,
+        Schedule,
+        TraceTimestamps,
+    )
+    from replayer.rundir import new_run_id
     from traces.materialize import PromptConfig
 
     modes = [
-        opts.get("timestamps"),
-        opts.get("session_rate") is not None,
+        opts["timestamps"],
+        opts["session_rate"] is not None,
         concurrency is not None,
     ]
     if sum(bool(m) for m in modes) > 1:
         raise click.UsageError(
             "use one of --concurrency, --session-rate and --timestamps"
         )
-    mode = (
-        "timestamps"
-        if opts.get("timestamps")
-        else "session_rate"
-        if opts.get("session_rate") is not None
-        else "concurrency"
-    )
+    schedule: Schedule
+    if opts["timestamps"]:
+        schedule = TraceTimestamps(speedup=opts["speedup"])
+    elif opts["session_rate"] is not None:
+        schedule = RateArrivals(
+            session_rate=opts["session_rate"],
+            arrival=opts["arrival"],
+            burstiness=opts["burstiness"],
+        )
+    else:
+        schedule = Lanes(concurrency=concurrency or 1)
     lo, hi = _parse_range(opts["token_range"])
-    from replayer.run import new_run_id
-
     salt = "" if opts["no_cache_bust"] else opts["salt"] or new_run_id()
-    api_key = opts.get("api_key") or os.environ.get(opts["api_key_env"]) or None
+    api_key = opts["api_key"] or os.environ.get(opts["api_key_env"]) or None
     return ReplayConfig(
         endpoint=EndpointConfig(
             base_url=endpoint,
@@ -303,12 +318,7 @@ def build_config(
             max_input_tokens=opts["max_input_tokens"],
             tokenizer=opts["tokenizer"],
         ),
-        mode=cast(Mode, mode),
-        concurrency=concurrency or 1,
-        session_rate=opts.get("session_rate"),
-        arrival=opts["arrival"],
-        burstiness=opts["burstiness"],
-        speedup=opts["speedup"],
+        schedule=schedule,
         think_scale=opts["think_scale"],
         think_cap_s=opts["think_cap_s"],
         warmup_s=opts["warmup_s"],
@@ -319,122 +329,17 @@ def build_config(
         max_inflight=opts["max_inflight"],
         labels=_labels(opts),
         workers=opts["workers"],
+        sim_args=tuple(shlex.split(opts["sim_args"])),
     )
 
 
-@contextlib.contextmanager
-def _endpoint(opts: dict[str, Any]) -> Iterator[tuple[str, bool]]:
-    """The endpoint URL to use, starting the simulator when none was given."""
-    if opts["endpoint"]:
-        yield opts["endpoint"], False
-        return
-    from replayer.simproc import running_sim
-
-    with running_sim(shlex.split(opts["sim_args"])) as url:
-        yield url, True
-
-
-async def _served_model(endpoint: str, api_key: str | None) -> str:
-    from replayer.client import Client
-    from replayer.clock import MonotonicClock
-    from replayer.config import EndpointConfig
-    from replayer.errors import EndpointError
-
-    cfg = EndpointConfig(base_url=endpoint, model="?", api_key=api_key)
-    async with Client(cfg, MonotonicClock(), limit=1) as client:
-        models = await client.check()
-    if models is None:
-        raise EndpointError(
-            f"{endpoint} has no /v1/models to pick a model; pass --model"
-        )
-    if not models:
-        raise EndpointError(f"{endpoint} lists no models; pass --model")
-    return models[0]
-
-
-def _run_async(coro_factory: Callable[[], Any]) -> Any:
-    """asyncio.run with SIGTERM treated like Ctrl-C (cancel, flush, exit 130)."""
-
-    async def main() -> Any:
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        if task is not None:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signal.SIGTERM, task.cancel)
-        return await coro_factory()
-
-    return asyncio.run(main())
-
-
-def _interrupted(run_dir: Path | None) -> None:
-    where = f"; partial run in {run_dir}" if run_dir else ""
-    click.echo(f"interrupted{where}", err=True)
-    raise SystemExit(130)
-
-
-def do_run(
-    trace_path: Path,
-    opts: dict[str, Any],
-    *,
-    concurrency: int | None,
-    out: Path | None,
-    endpoint: str,
-    simulated: bool,
-    model: str | None,
-) -> Any:
-    """Load, replay, return the RunSummary (errors propagate)."""
-    from replayer.run import new_run_id, replay_trace
-    from replayer.workers import replay_with_workers
-    from traces.io import read_trace
-
-    trace = read_trace(trace_path)
-    api_key = opts.get("api_key") or os.environ.get(opts["api_key_env"]) or None
-    if model is None:
-        model = _run_async(lambda: _served_model(endpoint, api_key))
-    config = build_config(opts, endpoint=endpoint, model=model, concurrency=concurrency)
-    run_id = new_run_id()
-    run_dir = out or Path("runs") / run_id
-    if (run_dir / "requests").exists() and any((run_dir / "requests").iterdir()):
-        from replayer.errors import ConfigError
-
-        raise ConfigError(f"{run_dir}: already holds a run; choose another --out")
-    extra: dict[str, Any] = {"simulated": simulated, "sim": None}
-    if simulated:
-        from replayer.simproc import sim_settings
-
-        sim_args = shlex.split(opts["sim_args"])
-        extra["sim"] = {"args": opts["sim_args"], **sim_settings(sim_args)}
-    progress = None if opts["quiet"] else sys.stderr
+def _check_ray(opts: dict[str, Any]) -> None:
     if opts["ray_address"]:
         from replayer.errors import ConfigError
 
         raise ConfigError(
             "--ray is not available in this version; use --workers N on one machine"
         )
-    try:
-        if config.workers > 1:
-            return replay_with_workers(
-                trace,
-                config,
-                run_dir,
-                trace_path=trace_path,
-                run_id=run_id,
-                extra_metadata=extra,
-                progress=progress is not None,
-            )
-        return _run_async(
-            lambda: replay_trace(
-                trace,
-                config,
-                run_dir,
-                trace_path=trace_path,
-                run_id=run_id,
-                progress=progress,
-                extra_metadata=extra,
-            )
-        )
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        _interrupted(run_dir)
 
 
 @click.command()
@@ -456,18 +361,29 @@ def run(
     trace_path: Path, concurrency: int | None, out: Path | None, **opts: Any
 ) -> None:
     """Replay TRACE against an OpenAI-compatible endpoint; write a run directory."""
-    from replayer.cli_errors import errors_as_messages
+    from replayer.launch import replay
+    from replayer.rundir import new_run_id
 
-    with errors_as_messages(), _endpoint(opts) as (endpoint, simulated):
-        summary = do_run(
-            trace_path,
+    run_id = new_run_id()
+    run_dir = out or Path("runs") / run_id
+    with errors_as_messages():
+        _check_ray(opts)
+        config = build_config(
             opts,
-            concurrency=concurrency,
-            out=out,
-            endpoint=endpoint,
-            simulated=simulated,
+            endpoint=opts["endpoint"],
             model=opts["model"],
+            concurrency=concurrency,
         )
+        try:
+            summary = replay(
+                trace_path,
+                config,
+                run_dir,
+                run_id=run_id,
+                progress=None if opts["quiet"] else sys.stderr,
+            )
+        except KeyboardInterrupt:
+            interrupted(run_dir)
     click.echo(summary.one_line())
 
 
@@ -503,42 +419,22 @@ def _levels(text: str) -> list[int]:
 @_replay_options
 def sweep(trace_path: Path, levels: str, out: Path, **opts: Any) -> None:
     """Replay TRACE once per concurrency level into SWEEP_DIR/c<N>/."""
-    from replayer.cli_errors import errors_as_messages
+    from replayer.sweep import run_sweep
 
-    names = [f"c{n}" for n in _levels(levels)]
-    with errors_as_messages(), _endpoint(opts) as (endpoint, simulated):
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "sweep.json").write_text(json.dumps({"levels": names}, indent=2) + "\n")
-        for name in names:
-            summary = do_run(
-                trace_path,
-                {**opts, "salt": None},
-                concurrency=int(name[1:]),
-                out=out / name,
-                endpoint=endpoint,
-                simulated=simulated,
-                model=opts["model"],
-            )
-            click.echo(f"{name}: {summary.one_line()}")
-
-
-@click.command()
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("demo-run"),
-    show_default=True,
-    help="Folder for the demo trace and run directory.",
-)
-@click.option("--sessions", type=click.IntRange(min=1), default=6, show_default=True)
-@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--quiet", is_flag=True, help="No progress line.")
-def demo(out: Path, sessions: int, concurrency: int, quiet: bool) -> None:
-    """Generate a small AgentX-like trace, replay it against the built-in simulator
-    and print the P90 summary."""
-    from replayer.cli_errors import errors_as_messages
-    from replayer.demo import run_demo
-
+    concurrency = _levels(levels)
     with errors_as_messages():
-        text = run_demo(out, sessions=sessions, concurrency=concurrency, quiet=quiet)
-    click.echo(text)
+        _check_ray(opts)
+        config = build_config(
+            opts, endpoint=opts["endpoint"], model=opts["model"], concurrency=None
+        )
+        try:
+            for name, summary in run_sweep(
+                trace_path,
+                config,
+                concurrency,
+                out,
+                progress=None if opts["quiet"] else sys.stderr,
+            ):
+                click.echo(f"{name}: {summary.one_line()}")
+        except KeyboardInterrupt:
+            interrupted(out)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from replayer.cli_errors import CommandError
+from replayer.cli.errors import CommandError
 
 if TYPE_CHECKING:
     from traces.generate import GeneratorConfig
@@ -131,7 +131,7 @@ def generate(
         err=as_json,  # with --json, stdout holds only the JSON object
     )
     if as_json:
-        from replayer.cli import echo_json
+        from replayer.cli.output import echo_json
         from traces.stats import trace_stats
 
         echo_json(trace_stats(trace).as_dict())

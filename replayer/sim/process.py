@@ -1,5 +1,6 @@
 """Runs the built-in simulated endpoint as a child process (its own core, its own
-event loop) for `replayer run` without `--endpoint`, `demo` and `sweep`."""
+event loop) for a replay without an endpoint URL (`replayer run` without `--endpoint`,
+`demo`, `sweep`): the one helper through which the launcher starts the simulator."""
 
 from __future__ import annotations
 

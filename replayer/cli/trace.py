@@ -1,49 +1,18 @@
-"""The `replayer` command line: parse options, build config, call one library function.
-
-Heavy imports (pandas, pyarrow, aiohttp) happen inside the commands so `--help` is fast.
-Every ReplayerError/TraceError becomes a one-line message and exit status 2.
-"""
+"""`replayer trace stats|validate|convert`."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import click
 
-from replayer import __version__
-from replayer.cli_errors import errors_as_messages
+from replayer.cli.errors import errors_as_messages
+from replayer.cli.output import echo_json
 
 
-def _json_default(value: object) -> object:
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
-
-
-def _clean(value: Any) -> Any:
-    """NaN → null recursively, so `--json` output is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
-
-
-def echo_json(obj: object) -> None:
-    """Print ``obj`` as one JSON object on stdout."""
-    click.echo(json.dumps(_clean(obj), default=_json_default))
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="replayer")
-def main() -> None:
-    """Replay agentic coding-session traces against OpenAI-compatible servers."""
-
-
-@main.group()
+@click.group()
 def trace() -> None:
     """Inspect, validate and convert trace files (Weka/AgentX, Mooncake, native)."""
 
@@ -137,26 +106,3 @@ def trace_convert_cmd(path: Path, out: Path) -> None:
     click.echo(
         f"wrote {out} ({len(loaded):,} sessions, {loaded.request_count():,} requests)"
     )
-
-
-def _register_subcommands() -> None:
-    # Each of these modules defines click commands with lazy heavy imports.
-    import importlib
-
-    for module, names in (
-        ("replayer.sim.cli", ("sim",)),
-        ("replayer.cli_run", ("run", "sweep", "demo")),
-        ("replayer.cli_generate", ("generate",)),
-        ("replayer.cli_analysis", ("analyze", "compare", "report")),
-    ):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:  # TODO(founding-eng): drop once all land
-            if exc.name != module:
-                raise
-            continue
-        for name in names:
-            main.add_command(getattr(mod, name))
-
-
-_register_subcommands()

@@ -6,14 +6,12 @@ commands. Expected errors become one-line messages (click.ClickException).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from replayer.cli_errors import CommandError
+from replayer.cli.errors import CommandError, errors_as_messages
 
 if TYPE_CHECKING:
     from analysis.load import Run
@@ -22,27 +20,17 @@ if TYPE_CHECKING:
 _RUN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 
 
-@contextmanager
-def _one_line_errors() -> Iterator[None]:
-    from replayer.errors import ReplayerError
-    from traces.errors import TraceError
-
-    try:
-        yield
-    except (ReplayerError, TraceError, ValueError) as exc:
-        raise CommandError(str(exc)) from exc
-
-
 def _parse_slo(
     _ctx: click.Context, _param: click.Parameter, value: str | None
 ) -> Slo | None:
     if value is None:
         return None
+    from analysis.errors import AnalysisError
     from analysis.metrics import parse_slo
 
     try:
         return parse_slo(value)
-    except ValueError as exc:
+    except AnalysisError as exc:
         raise click.BadParameter(str(exc)) from exc
 
 
@@ -137,9 +125,9 @@ def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
     """
     from analysis.sweep import sweep_table
     from analysis.text import format_summaries, format_sweep
-    from replayer.cli import echo_json
+    from replayer.cli.output import echo_json
 
-    with _one_line_errors():
+    with errors_as_messages():
         runs, sweeps = _load(run_dirs)
         summaries = _summaries(runs, **options)
     by_path = {s["run"]["path"]: s for s in summaries}
@@ -181,9 +169,9 @@ def compare(run_a: Path, run_b: Path, as_json: bool, resamples: int, seed: int) 
     from analysis.compare import compare_runs
     from analysis.load import load_run
     from analysis.text import format_comparison
-    from replayer.cli import echo_json
+    from replayer.cli.output import echo_json
 
-    with _one_line_errors():
+    with errors_as_messages():
         a, b = load_run(run_a), load_run(run_b)
         rows = compare_runs(a.requests, b.requests, resamples=resamples, seed=seed)
     if as_json:
@@ -217,7 +205,7 @@ def report(run_dirs: tuple[Path, ...], out: Path, **options: Any) -> None:
     from analysis.report import render_html
     from analysis.sweep import sweep_table
 
-    with _one_line_errors():
+    with errors_as_messages():
         runs, sweeps = _load(run_dirs)
         summaries = _summaries(runs, **options)
         by_path = {s["run"]["path"]: s for s in summaries}

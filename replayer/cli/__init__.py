@@ -1,0 +1,35 @@
+"""The `replayer` command line: click commands only. Each parses its options, builds
+the typed config, calls one library function and prints the result.
+
+Heavy imports (pandas, pyarrow, aiohttp) happen inside the commands so `--help` is
+fast. Every expected error becomes a one-line message and exit status 2
+(``replayer.cli.errors``).
+"""
+
+from __future__ import annotations
+
+import click
+
+from replayer import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="replayer")
+def main() -> None:
+    """Replay agentic coding-session traces against OpenAI-compatible servers."""
+
+
+def _register_subcommands() -> None:
+    # Each of these modules defines click commands with lazy heavy imports.
+    from replayer.cli.analysis import analyze, compare, report
+    from replayer.cli.demo import demo
+    from replayer.cli.generate import generate
+    from replayer.cli.run import run, sweep
+    from replayer.cli.trace import trace
+    from replayer.sim.cli import sim
+
+    for command in (trace, sim, run, sweep, demo, generate, analyze, compare, report):
+        main.add_command(command)
+
+
+_register_subcommands()

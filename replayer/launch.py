@@ -1,0 +1,336 @@
+"""The library entry: :func:`replay` takes a trace and a typed config and writes a run
+directory (``requests/part-*.parquet``, ``server_metrics.parquet``, ``run.json``).
+
+    from replayer.launch import replay
+    config = ReplayConfig(endpoint=EndpointConfig(base_url=URL, model=MODEL))
+    summary = replay("trace.jsonl", config, "runs/x")
+
+It starts the built-in simulated endpoint when the config names no URL, resolves the
+model, and runs one process or ``config.workers`` of them. :func:`replay_trace` is one
+process's replay: everything slow (ideal hits, the model check, opening the run
+directory) happens before the start gate, so that the shared zero ``t0`` holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+from replayer import __version__
+from replayer.client import Client
+from replayer.clock import Clock, MonotonicClock, wall_clock_ns
+from replayer.config import (
+    EndpointConfig,
+    Lanes,
+    RateArrivals,
+    ReplayConfig,
+    TraceTimestamps,
+    public_url,
+    schedule_kind,
+)
+from replayer.errors import ConfigError, EndpointError, RecorderError
+from replayer.progress import Progress, RunCounters, RunSummary, summarize_run
+from replayer.recorder import ParquetRecorder
+from replayer.records import ModeInfo, RunMeta, TraceInfo
+from replayer.rundir import (
+    check_new_run_dir,
+    new_run_id,
+    trace_content_hash,
+    write_run_json,
+)
+from replayer.schedule import StopControl, run_schedule, shard
+from replayer.scrape import MetricsScraper
+from replayer.session import PromptBuilder, RunContext, request_body
+from traces.materialize import Materializer
+from traces.model import Trace
+from traces.stats import ideal_cached_tokens, ideal_hit_totals
+
+T = TypeVar("T")
+StartGate = Callable[[], Awaitable[int]]  # returns the shared zero (perf-counter ns)
+
+
+def replay(
+    trace: str | Path | Trace,
+    config: ReplayConfig,
+    run_dir: str | Path | None = None,
+    *,
+    run_id: str | None = None,
+    progress: TextIO | None = None,
+) -> RunSummary:
+    """Replay ``trace`` (a path, or a loaded Trace for one worker) per ``config``
+    into ``run_dir`` (default ``runs/<run id>``); return the run's summary.
+
+    Raises:
+        ReplayerError, TraceError: bad input, an unreachable endpoint, a worker that
+            died; the message names what and where.
+        KeyboardInterrupt: Ctrl-C or SIGTERM; the run directory is readable.
+    """
+    from replayer.workers import replay_with_workers
+    from traces.io import read_trace
+
+    run_id = run_id or new_run_id()
+    out = Path(run_dir) if run_dir is not None else Path("runs") / run_id
+    check_new_run_dir(out)
+    trace_path = None if isinstance(trace, Trace) else Path(trace)
+    if trace_path is None and config.workers > 1:
+        raise ConfigError("--workers needs a trace file that each worker reads")
+    with running_endpoint(config) as (config, sim):
+        meta = RunMeta(
+            run_id=run_id,
+            tool_version=__version__,
+            python=sys.version.split()[0],
+            trace=TraceInfo(
+                path=None if trace_path is None else str(trace_path.absolute()),
+                content_hash=None
+                if trace_path is None
+                else trace_content_hash(trace_path),
+            ),
+            simulated=sim is not None,
+            sim=sim,
+        )
+        if config.workers > 1:
+            assert trace_path is not None
+            return replay_with_workers(trace_path, config, out, meta=meta)
+        loaded = read_trace(trace_path) if trace_path is not None else trace
+        assert isinstance(loaded, Trace)
+        return run_async(
+            lambda: replay_trace(loaded, config, out, meta=meta, progress=progress)
+        )
+
+
+@contextlib.contextmanager
+def running_endpoint(
+    config: ReplayConfig,
+) -> Iterator[tuple[ReplayConfig, dict[str, Any] | None]]:
+    """``config`` with a URL and a model: the built-in simulated endpoint is started
+    (and stopped after) when it names no URL; yields the simulator's settings too."""
+    sim: dict[str, Any] | None = None
+    with contextlib.ExitStack() as stack:
+        endpoint = config.endpoint
+        if endpoint.base_url is None:
+            from replayer.sim.process import running_sim, sim_settings
+
+            url = stack.enter_context(running_sim(config.sim_args))
+            endpoint = replace(endpoint, base_url=url)
+            sim = {"args": " ".join(config.sim_args), **sim_settings(config.sim_args)}
+        if endpoint.model is None:
+            model = run_async(lambda: served_model(replace(endpoint, model="?")))
+            endpoint = replace(endpoint, model=model)
+        yield replace(config, endpoint=endpoint), sim
+
+
+async def served_model(endpoint: EndpointConfig) -> str:
+    """The first model the server lists (when the user named none)."""
+    async with Client(endpoint, MonotonicClock(), limit=1) as client:
+        models = await client.check()
+    shown = public_url(endpoint.base_url)
+    if models is None:
+        raise EndpointError(f"{shown} has no /v1/models to pick a model; pass --model")
+    if not models:
+        raise EndpointError(f"{shown} lists no models; pass --model")
+    return models[0]
+
+
+def run_async(factory: Callable[[], Awaitable[T]]) -> T:
+    """``asyncio.run`` with SIGTERM treated like Ctrl-C: the run is cancelled, every
+    ``finally`` flushes, and KeyboardInterrupt comes out either way."""
+
+    async def main() -> T:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        if task is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        return await factory()
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
+
+
+def _run_meta(
+    template: RunMeta, trace: Trace, config: ReplayConfig, ideal_rate: float | None
+) -> RunMeta:
+    block_sizes = sorted({s.block_size for s, _ in trace.all_sessions()})
+    schedule = config.schedule
+    return replace(
+        template,
+        trace=replace(
+            template.trace,
+            format=trace.source_format,
+            sessions=len(trace.sessions),
+            requests=trace.request_count(),
+            ideal_cache_hit_rate=ideal_rate,
+            block_size=block_sizes[0] if block_sizes else None,
+        ),
+        endpoint=public_url(config.endpoint.base_url),
+        model=config.endpoint.model,
+        api=config.endpoint.api,
+        mode=ModeInfo(
+            kind=schedule_kind(schedule),
+            concurrency=schedule.concurrency if isinstance(schedule, Lanes) else None,
+            session_rate=schedule.session_rate
+            if isinstance(schedule, RateArrivals)
+            else None,
+            speedup=schedule.speedup if isinstance(schedule, TraceTimestamps) else None,
+        ),
+        warmup_s=config.warmup_s,
+        duration_limit_s=config.duration_s,
+        labels=dict(config.labels),
+        seed=config.seed,
+        salt=config.prompt.salt,
+        block_tokens=config.prompt.block_tokens,
+        workers=config.workers,
+        config=config.as_metadata(),
+    )
+
+
+async def replay_trace(
+    trace: Trace,
+    config: ReplayConfig,
+    run_dir: Path,
+    *,
+    meta: RunMeta | None = None,
+    worker_id: int = 0,
+    clock: Clock | None = None,
+    progress: TextIO | None = None,
+    start_gate: StartGate | None = None,
+    run_json_name: str = "run.json",
+) -> RunSummary:
+    """One process's replay of ``trace`` (its shard of it, for worker ``worker_id``
+    of ``config.workers``) into ``run_dir``. ``config.endpoint`` must name a URL and
+    a model (:func:`running_endpoint` does that). ``start_gate`` returns the shared
+    zero once every worker is ready (default: now)."""
+    clock = clock or MonotonicClock()
+    meta = meta or RunMeta(run_id=new_run_id(), tool_version=__version__)
+    # Before t0: everything slow. The ideal hit is a property of the whole trace.
+    ideal = await asyncio.to_thread(ideal_cached_tokens, trace)
+    hits, total_in = ideal_hit_totals(trace, ideal)
+    meta = _run_meta(meta, trace, config, hits / total_in if total_in else None)
+    trace = shard(trace, worker_id, config.workers)
+    trace_requests = trace.request_count()
+    meta = replace(meta, worker_id=worker_id)
+    materializer = Materializer(config.prompt)
+    prompts = PromptBuilder(materializer, request_body(config.endpoint))
+    counters = RunCounters()
+    interrupted = False
+    try:
+        async with (
+            ParquetRecorder(
+                run_dir,
+                worker_id=worker_id,
+                flush_interval_s=config.flush_interval_s,
+                metadata=meta,
+            ) as recorder,
+            Client(
+                config.endpoint, clock, limit=config.max_inflight or 10_000
+            ) as client,
+        ):
+            await _check_model(client, config)
+            write_run_json(run_dir / run_json_name, meta)
+            t0 = await start_gate() if start_gate is not None else clock.now_ns()
+            meta = replace(
+                meta,
+                start_unix_ns=wall_clock_ns() - (clock.now_ns() - t0),
+                measure_start_ns=int(config.warmup_s * 1e9),
+            )
+            ctx = RunContext(
+                config=config,
+                clock=clock,
+                client=client,
+                recorder=recorder,
+                prompts=prompts,
+                counters=counters,
+                stop=StopControl(
+                    deadline_ns=None
+                    if config.duration_s is None
+                    else t0 + int(config.duration_s * 1e9)
+                ),
+                run_id=meta.run_id,
+                worker_id=worker_id,
+                t0_ns=t0,
+                ideal_tokens=ideal,
+                admission=asyncio.Semaphore(config.max_inflight)
+                if config.max_inflight
+                else None,
+            )
+            await clock.sleep_until(t0)  # workers share a zero slightly in the future
+            scraper = MetricsScraper(config.endpoint, client.session, clock, t0)
+            try:
+                await _run(ctx, trace, scraper, progress, trace_requests)
+            except asyncio.CancelledError:
+                interrupted = True
+                raise
+            finally:
+                end = clock.now_ns()
+                meta = replace(
+                    meta,
+                    end_unix_ns=(meta.start_unix_ns or 0) + (end - t0),
+                    duration_s=(end - t0) / 1e9,
+                    interrupted=interrupted,
+                    counts=counters.counts(trace_requests),
+                    recorder={
+                        "max_queue_depth": recorder.max_pending,
+                        "flush_errors": recorder.flush_errors,
+                    },
+                    materializer={
+                        "block_cache_hits": materializer.hits,
+                        "block_cache_misses": materializer.misses,
+                    },
+                )
+                recorder.set_metadata(meta)
+                with contextlib.suppress(RecorderError):
+                    # The server's metrics are a side dish: their loss never costs rows.
+                    await asyncio.shield(asyncio.to_thread(scraper.write, run_dir))
+                write_run_json(run_dir / run_json_name, meta)
+    finally:
+        prompts.close()
+    assert meta.counts is not None
+    assert meta.duration_s is not None
+    return summarize_run(
+        run_dir,
+        run_id=meta.run_id,
+        counts=meta.counts,
+        duration_s=meta.duration_s,
+        interrupted=interrupted,
+    )
+
+
+async def _check_model(client: Client, config: ReplayConfig) -> None:
+    models = await client.check()
+    model = config.endpoint.model
+    if models and model not in models:
+        raise EndpointError(
+            f"{public_url(config.endpoint.base_url)} does not serve model "
+            f"{model!r} (it serves: {', '.join(models[:5])})"
+        )
+
+
+async def _run(
+    ctx: RunContext,
+    trace: Trace,
+    scraper: MetricsScraper,
+    progress: TextIO | None,
+    total: int,
+) -> None:
+    """The schedule, with the scraper and the status line beside it."""
+    side_stop = asyncio.Event()
+    async with asyncio.TaskGroup() as side:
+        if ctx.config.scrape_interval_s > 0:
+            side.create_task(
+                scraper.run(side_stop, ctx.config.scrape_interval_s), name="scraper"
+            )
+        if progress is not None:
+            line = Progress(ctx.counters, ctx.clock, ctx.t0_ns, total, progress)
+            side.create_task(line.run(side_stop), name="progress")
+        try:
+            await run_schedule(ctx, trace)
+        finally:
+            side_stop.set()

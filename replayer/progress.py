@@ -1,0 +1,170 @@
+"""What a run has done so far: the counters (one event loop, no locks), the live
+status line on stderr, and the summary a finished run returns."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from replayer.clock import Clock
+from replayer.records import RunCounts
+from traces.stats import percentiles
+
+_RECENT_TTFTS = 5000  # the status line's P90 is over the latest requests: bounded
+
+
+@dataclass(slots=True)
+class RunCounters:
+    """Counts and load of one process's run; mutated on its event loop only."""
+
+    inflight: int = 0  # requests sent and not yet ended
+    lanes: int = 0  # live session trees
+    ok: int = 0
+    failed: int = 0
+    skipped: int = 0
+    cancelled: int = 0
+    output_tokens: int = 0  # received, ok rows
+    recent_ttfts_ns: collections.deque[int] = field(
+        default_factory=lambda: collections.deque(maxlen=_RECENT_TTFTS)
+    )
+
+    def counts(self, trace_requests: int) -> RunCounts:
+        """The run.json ``counts``."""
+        return RunCounts(
+            requests=self.ok + self.failed + self.skipped + self.cancelled,
+            ok=self.ok,
+            failed=self.failed,
+            skipped=self.skipped,
+            cancelled=self.cancelled,
+            trace_requests=trace_requests,
+        )
+
+
+class Progress:
+    """A live status line on stderr (each second on a terminal, else every 10 s)."""
+
+    def __init__(
+        self,
+        counters: RunCounters,
+        clock: Clock,
+        t0_ns: int,
+        total: int,
+        stream: TextIO,
+    ) -> None:
+        self.counters = counters
+        self.clock = clock
+        self.t0_ns = t0_ns
+        self.total = total
+        self.stream = stream
+        self.tty = stream.isatty()
+
+    def line(self) -> str:
+        c = self.counters
+        elapsed = (self.clock.now_ns() - self.t0_ns) / 1e9
+        (p90_ns,) = percentiles(c.recent_ttfts_ns, [90]) if c.recent_ttfts_ns else [0]
+        p90 = f"{p90_ns / 1e6:,.0f} ms" if c.recent_ttfts_ns else "-"
+        rate = c.output_tokens / elapsed if elapsed > 0 else 0.0
+        done = c.ok + c.failed + c.skipped + c.cancelled
+        return (
+            f"[{elapsed:7.1f}s] done {done:,}/{self.total:,}  in flight {c.inflight}"
+            f"  lanes {c.lanes}  failed {c.failed}  skipped {c.skipped}"
+            f"  P90 TTFT {p90}  {rate:,.0f} out tok/s"
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Print until ``stop`` is set."""
+        interval = 1.0 if self.tty else 10.0
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await stop.wait()
+            if self.tty:
+                self.stream.write("\r\x1b[2K" + self.line())
+            elif not stop.is_set():
+                self.stream.write(self.line() + "\n")
+            self.stream.flush()
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSummary:
+    """What a finished (or interrupted) run did."""
+
+    run_dir: Path
+    run_id: str
+    counts: RunCounts
+    duration_s: float
+    interrupted: bool
+    p90_ttft_ms: float | None  # ok, measured rows
+    output_tok_s: float  # ok rows' output tokens / duration
+
+    @property
+    def requests(self) -> int:
+        return self.counts.requests
+
+    @property
+    def ok(self) -> int:
+        return self.counts.ok
+
+    @property
+    def failed(self) -> int:
+        return self.counts.failed
+
+    @property
+    def skipped(self) -> int:
+        return self.counts.skipped
+
+    def one_line(self) -> str:
+        ttft = "-" if self.p90_ttft_ms is None else f"{self.p90_ttft_ms:,.1f} ms"
+        cancelled = (
+            f", {self.counts.cancelled:,} cancelled" if self.counts.cancelled else ""
+        )
+        return (
+            f"{self.requests:,} requests ({self.ok:,} ok, {self.failed:,} failed, "
+            f"{self.skipped:,} skipped{cancelled}) in {self.duration_s:,.1f} s; "
+            f"P90 TTFT {ttft}; {self.output_tok_s:,.0f} output tok/s → {self.run_dir}"
+        )
+
+
+def summarize_run(
+    run_dir: Path,
+    *,
+    run_id: str,
+    counts: RunCounts,
+    duration_s: float,
+    interrupted: bool,
+) -> RunSummary:
+    """The summary of a run directory, from its part files (every worker's): the
+    headline figures come from what was recorded, never from in-memory lists."""
+    p90: float | None = None
+    out_tokens = 0.0
+    parts = sorted((run_dir / "requests").glob("part-*.parquet"))
+    if parts:
+        table = ds.dataset(parts, format="parquet").to_table(
+            columns=["status", "ttft_ns", "output_tokens", "warmup"]
+        )
+        ok = table.filter(pc.equal(table["status"], "ok"))
+        out_tokens = float(pc.sum(ok["output_tokens"]).as_py() or 0)
+        measured = ok.filter(pc.invert(pc.fill_null(ok["warmup"], False)))
+        ttft = measured["ttft_ns"].drop_null()
+        if len(ttft):
+            (p90_ns,) = percentiles(ttft.to_numpy(), [90])
+            p90 = p90_ns / 1e6
+    return RunSummary(
+        run_dir=run_dir,
+        run_id=run_id,
+        counts=counts,
+        duration_s=duration_s,
+        interrupted=interrupted,
+        p90_ttft_ms=p90,
+        output_tok_s=out_tokens / duration_s if duration_s > 0 else 0.0,
+    )
