@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from analysis.errors import SloError
 from replayer.records import STATUSES
+from traces.stats import PERCENTILE_METHOD
 from traces.stats import percentiles as percentiles  # the one definition
 
 FloatArray = npt.NDArray[np.float64]
@@ -31,12 +32,6 @@ _NS_PER_S = 1e9
 # Statuses of rows that were sent and ended (an SLO can fail on them); "skipped" rows
 # were never sent and "cancelled" ones were cut by the end of the run.
 _ATTEMPTED = ("ok", "http_error", "timeout", "client_error")
-
-
-# numpy's name for the method of ``traces.stats.percentiles`` (the project's one
-# percentile definition), for statistics along an axis, which that function does not
-# take; a test pins the two together.
-PERCENTILE_METHOD: Final = "linear"
 
 
 def percentile(values: npt.ArrayLike, q: float) -> float:

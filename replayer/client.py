@@ -10,7 +10,7 @@ import contextlib
 import re
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -52,6 +52,18 @@ class Outcome:
         self.status = status
         self.error_type = error_type
         self.error_message = message[:500]
+
+
+class ChatClient(Protocol):
+    """What the engine needs of a client (the seam tests fill with a fake)."""
+
+    async def check(self) -> list[str] | None:
+        """The served model ids; None when the server has no model list."""
+        ...
+
+    async def send(self, body: bytes) -> Outcome:
+        """POST ``body``, stream the response; failures are data, never raised."""
+        ...
 
 
 class Client:

@@ -40,6 +40,13 @@ class EndpointConfig:
             raise ConfigError(
                 f"endpoint must be an http(s) URL (got {self.base_url!r})"
             )
+        if self.api_key is not None and self.base_url is not None:
+            parts = urlsplit(self.base_url)
+            if parts.username is not None or parts.password is not None:
+                raise ConfigError(
+                    f"{public_url(self.base_url)}: credentials in the URL and an API "
+                    "key both set the Authorization header; give one of them"
+                )
         if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
             raise ConfigError("timeouts must be > 0 seconds")
         if self.total_timeout_s is not None and self.total_timeout_s <= 0:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from replayer import __version__
-from replayer.client import Client
+from replayer.client import ChatClient, Client
 from replayer.clock import Clock, MonotonicClock, wall_clock_ns
 from replayer.config import (
     EndpointConfig,
@@ -203,11 +203,13 @@ async def replay_trace(
     progress: TextIO | None = None,
     start_gate: StartGate | None = None,
     run_json_name: str = "run.json",
+    client: ChatClient | None = None,
 ) -> RunSummary:
     """One process's replay of ``trace`` (its shard of it, for worker ``worker_id``
     of ``config.workers``) into ``run_dir``. ``config.endpoint`` must name a URL and
     a model (:func:`running_endpoint` does that). ``start_gate`` returns the shared
-    zero once every worker is ready (default: now)."""
+    zero once every worker is ready (default: now). ``client`` replaces the HTTP
+    client (then nothing is scraped)."""
     clock = clock or MonotonicClock()
     meta = meta or RunMeta(run_id=new_run_id(), tool_version=__version__)
     # Before t0: everything slow. The ideal hit is a property of the whole trace.
@@ -222,29 +224,39 @@ async def replay_trace(
     counters = RunCounters()
     interrupted = False
     try:
-        async with (
-            ParquetRecorder(
-                run_dir,
-                worker_id=worker_id,
-                flush_interval_s=config.flush_interval_s,
-                metadata=meta,
-            ) as recorder,
-            Client(
-                config.endpoint, clock, limit=config.max_inflight or 10_000
-            ) as client,
-        ):
-            await _check_model(client, config)
+        async with contextlib.AsyncExitStack() as stack:
+            recorder = await stack.enter_async_context(
+                ParquetRecorder(
+                    run_dir,
+                    worker_id=worker_id,
+                    flush_interval_s=config.flush_interval_s,
+                    metadata=meta,
+                )
+            )
+            http: Client | None = None
+            chat: ChatClient
+            if client is None:
+                limit = config.max_inflight or 10_000
+                http = await stack.enter_async_context(
+                    Client(config.endpoint, clock, limit=limit)
+                )
+                chat = http
+            else:
+                chat = client
+            await _check_model(chat, config)
             write_run_json(run_dir / run_json_name, meta)
-            t0 = await start_gate() if start_gate is not None else clock.now_ns()
+            ready = clock.now_ns()
+            t0 = await start_gate() if start_gate is not None else ready
             meta = replace(
                 meta,
+                ready_ns=ready - t0,
                 start_unix_ns=wall_clock_ns() - (clock.now_ns() - t0),
                 measure_start_ns=int(config.warmup_s * 1e9),
             )
             ctx = RunContext(
                 config=config,
                 clock=clock,
-                client=client,
+                client=chat,
                 recorder=recorder,
                 prompts=prompts,
                 counters=counters,
@@ -262,7 +274,11 @@ async def replay_trace(
                 else None,
             )
             await clock.sleep_until(t0)  # workers share a zero slightly in the future
-            scraper = MetricsScraper(config.endpoint, client.session, clock, t0)
+            scraper = (
+                MetricsScraper(config.endpoint, http.session, clock, t0)
+                if http is not None and config.scrape_interval_s > 0
+                else None
+            )
             try:
                 await _run(ctx, trace, scraper, progress, trace_requests)
             except asyncio.CancelledError:
@@ -286,9 +302,10 @@ async def replay_trace(
                     },
                 )
                 recorder.set_metadata(meta)
-                with contextlib.suppress(RecorderError):
-                    # The server's metrics are a side dish: their loss never costs rows.
-                    await asyncio.shield(asyncio.to_thread(scraper.write, run_dir))
+                if scraper is not None:
+                    with contextlib.suppress(RecorderError):
+                        # The server's metrics are a side dish: never worth rows.
+                        await asyncio.shield(asyncio.to_thread(scraper.write, run_dir))
                 write_run_json(run_dir / run_json_name, meta)
     finally:
         prompts.close()
@@ -303,7 +320,7 @@ async def replay_trace(
     )
 
 
-async def _check_model(client: Client, config: ReplayConfig) -> None:
+async def _check_model(client: ChatClient, config: ReplayConfig) -> None:
     models = await client.check()
     model = config.endpoint.model
     if models and model not in models:
@@ -316,14 +333,14 @@ async def _check_model(client: Client, config: ReplayConfig) -> None:
 async def _run(
     ctx: RunContext,
     trace: Trace,
-    scraper: MetricsScraper,
+    scraper: MetricsScraper | None,
     progress: TextIO | None,
     total: int,
 ) -> None:
     """The schedule, with the scraper and the status line beside it."""
     side_stop = asyncio.Event()
     async with asyncio.TaskGroup() as side:
-        if ctx.config.scrape_interval_s > 0:
+        if scraper is not None:
             side.create_task(
                 scraper.run(side_stop, ctx.config.scrape_interval_s), name="scraper"
             )

@@ -118,7 +118,11 @@ class ParquetRecorder:
             batch = self._retry + self._pending
             self._retry, self._pending = [], []
             if batch:
-                failed = await asyncio.to_thread(self._write, batch, self._metadata)
+                try:
+                    failed = await asyncio.to_thread(self._write, batch, self._metadata)
+                except Exception:
+                    self._retry = batch  # the final flush still tries them
+                    raise
                 # Kept for the next flush; rows put meanwhile are in _pending.
                 self._retry = failed
 

@@ -204,6 +204,9 @@ class RunMeta:
     simulated: bool = False  # replayed against the built-in simulated endpoint
     sim: dict[str, Any] | None = None  # its settings when simulated
     start_unix_ns: int | None = None  # wall clock at run-relative 0
+    # Run-relative time this process finished preparing (reading the trace, ideal
+    # hits, the model check): negative, or the shared zero did not hold.
+    ready_ns: int | None = None
     measure_start_ns: int = 0  # run-relative end of warm-up
     end_unix_ns: int | None = None  # None: the run has not finished (or crashed)
     duration_s: float | None = None

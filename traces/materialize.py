@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
@@ -99,6 +100,10 @@ class Materializer:
         # Each chat message costs one role token under the shared rule; with a real
         # tokenizer the template's cost is the server's to count (server_prompt_tokens).
         self._role_tokens = 0 if self._words else CHAT_TOKENS_PER_MESSAGE
+        # The block cache may be used from two threads (the replayer builds small
+        # prompts on its event loop and large ones on a thread): the lock guards the
+        # cache and its counters only, never the generation of missing blocks.
+        self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
         self._cache_bytes = 0
         self.hits = 0
@@ -131,27 +136,33 @@ class Materializer:
         cache = self._cache
         out: list[bytes | None] = []
         missing: list[int] = []
-        for k, h in enumerate(hash_ids):
-            key = (namespace, h, n)
-            frag = cache.get(key)
-            if frag is None:
-                missing.append(k)
-            else:
-                cache.move_to_end(key)
-            out.append(frag)
-        self.hits += len(hash_ids) - len(missing)
-        if missing:
+        with self._lock:
+            for k, h in enumerate(hash_ids):
+                key = (namespace, h, n)
+                frag = cache.get(key)
+                if frag is None:
+                    missing.append(k)
+                else:
+                    cache.move_to_end(key)
+                out.append(frag)
+            self.hits += len(hash_ids) - len(missing)
             self.misses += len(missing)
+        if missing:
             salt = self.config.salt
             seeds = [_key(salt, namespace, hash_ids[k]) for k in missing]
             tokens = self._token_rows(seeds, n)
-            for k, row in zip(missing, tokens, strict=True):
-                frag = self._encode(row)
-                out[k] = frag
-                self._store((namespace, hash_ids[k], n), frag)
+            made = [self._encode(row) for row in tokens]
+            with self._lock:
+                for k, frag in zip(missing, made, strict=True):
+                    out[k] = frag
+                    self._store((namespace, hash_ids[k], n), frag)
         return out  # type: ignore[return-value]
 
     def _store(self, key: tuple[str, int, int], frag: bytes) -> None:
+        """Callers hold the lock."""
+        old = self._cache.pop(key, None)
+        if old is not None:  # the other thread made it meanwhile
+            self._cache_bytes -= len(old)
         self._cache[key] = frag
         self._cache_bytes += len(frag)
         while self._cache_bytes > self.config.cache_bytes and self._cache:
@@ -160,14 +171,16 @@ class Materializer:
 
     def _fragment(self, namespace: str, hash_id: int, n: int) -> bytes:
         key = (namespace, hash_id, n)
-        cached = self._cache.get(key)
-        if cached is not None:
-            self._cache.move_to_end(key)
-            self.hits += 1
-            return cached
-        self.misses += 1
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return cached
+            self.misses += 1
         frag = self._encode(self.block_token_ids(namespace, hash_id, n))
-        self._store(key, frag)
+        with self._lock:
+            self._store(key, frag)
         return frag
 
     def _encode(self, ids: npt.NDArray[np.int64]) -> bytes:

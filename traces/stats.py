@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -110,6 +110,10 @@ def _all_requests(trace: Trace) -> Iterable[tuple[Session, int, Request]]:
         yield from root.ordered_requests()
 
 
+# numpy's name for the interpolation every percentile of the project uses.
+PERCENTILE_METHOD: Final = "linear"
+
+
 def percentiles(values: npt.ArrayLike, qs: Sequence[float]) -> list[float]:
     """Percentiles ``qs`` (each in [0, 100]) of ``values``: numpy's linear
     interpolation, NaNs dropped, NaN for no data. The project's one percentile
@@ -118,7 +122,7 @@ def percentiles(values: npt.ArrayLike, qs: Sequence[float]) -> list[float]:
     arr = arr[~np.isnan(arr)]
     if arr.size == 0:
         return [float("nan")] * len(qs)
-    return [float(x) for x in np.percentile(arr, list(qs), method="linear")]
+    return [float(x) for x in np.percentile(arr, list(qs), method=PERCENTILE_METHOD)]
 
 
 def _summary(values: npt.NDArray[Any]) -> dict[str, float]:
