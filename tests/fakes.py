@@ -1,14 +1,19 @@
-"""A real (in-process, loopback) fake OpenAI-compatible server with exact timing and
-injectable quirks, for client and session tests. Not a mock of aiohttp."""
+"""Fakes for tests: a real (in-process, loopback) OpenAI-compatible server with exact
+timing and injectable quirks (not a mock of aiohttp), and, for engine tests in virtual
+time, a FakeClock and a FakeChatClient that fill the engine's Clock and ChatClient
+seams."""
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from replayer.client import Outcome
 
 
 @dataclass
@@ -137,3 +142,99 @@ def make_fake_llm_app(fake: FakeLLM) -> web.Application:
     app.router.add_post("/v1/completions", complete)
     app.router.add_post("/v1/chat/completions", complete)
     return app
+
+
+class FakeClock:
+    """Virtual time for engine tests (trio's autojump MockClock): a sleep returns when
+    nothing else on the loop can run and its deadline is the earliest; time then
+    jumps to that deadline. A 10-minute trace replays in milliseconds, and timing
+    assertions are exact: no time passes that a test did not ask for.
+
+    Works for engine runs that do no real I/O on the sessions' path (FakeChatClient,
+    prompts small enough to be built on the loop).
+    """
+
+    def __init__(self, start_ns: int = 1_000_000_000) -> None:
+        self._now = start_ns
+        self._sleepers: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = 0
+        self._driver: asyncio.Task[None] | None = None
+
+    def now_ns(self) -> int:
+        return self._now
+
+    async def sleep_until(self, deadline_ns: int) -> None:
+        if deadline_ns <= self._now:
+            await asyncio.sleep(0)
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        heapq.heappush(self._sleepers, (deadline_ns, self._seq, fut))
+        self._seq += 1
+        if self._driver is None or self._driver.done():
+            self._driver = loop.create_task(self._drive(), name="fake-clock")
+        await fut
+
+    async def _drive(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._sleepers:
+            # Let everything runnable run first; only then is time allowed to pass.
+            await asyncio.sleep(0)
+            # asyncio's run queue: no public way to ask "is anything runnable?"
+            while loop._ready:  # type: ignore[attr-defined]  # noqa: ASYNC110
+                await asyncio.sleep(0)
+            deadline, _, fut = heapq.heappop(self._sleepers)
+            if fut.done():  # its sleeper was cancelled
+                continue
+            self._now = max(self._now, deadline)
+            fut.set_result(None)
+
+
+@dataclass
+class FakeChatClient:
+    """The engine's ChatClient seam without HTTP: each request "streams" ``tokens``
+    (default: its max_tokens) on the clock it is given, ``ttft_ns`` then ``itl_ns``
+    per token. Requests numbered in ``fail`` (1-based, in send order) get HTTP 500."""
+
+    clock: FakeClock
+    ttft_ns: int = 10_000_000
+    itl_ns: int = 1_000_000
+    tokens: int | None = None
+    fail: frozenset[int] = frozenset()
+    models: list[str] = field(default_factory=lambda: ["fake-model"])
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    active: int = 0
+    max_active: int = 0
+
+    async def check(self) -> list[str] | None:
+        return self.models
+
+    async def send(self, body: bytes) -> Outcome:
+        obj = json.loads(body)
+        self.bodies.append(obj)
+        clock = self.clock
+        out = Outcome(start_ns=clock.now_ns())
+        if len(self.bodies) in self.fail:
+            out.http_status = 500
+            out.fail("http_error", "HTTP 500", "injected failure")
+            out.end_ns = clock.now_ns()
+            return out
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            n = self.tokens if self.tokens is not None else int(obj["max_tokens"])
+            out.http_status = 200
+            for k in range(n):
+                step = self.ttft_ns if k == 0 else self.itl_ns
+                await clock.sleep_until(clock.now_ns() + step)
+                now = clock.now_ns()
+                if k == 0:
+                    out.first_token_ns = now
+                out.chunk_times_ns.append(now - out.start_ns)
+            prompt = obj.get("prompt")
+            out.server_prompt_tokens = len(prompt) if isinstance(prompt, list) else None
+            out.completion_tokens = n
+            out.end_ns = clock.now_ns()
+        finally:
+            self.active -= 1
+        return out

@@ -66,3 +66,74 @@ def test_layout_traces_source_never_imports_replayer_or_analysis() -> None:
         for p in sources
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def _sources(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.py"))
+
+
+def _imported_modules(path: Path) -> set[str]:
+    mods: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            mods.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            mods.add(node.module)
+    return mods
+
+
+# Studies run many replays and judge them: they sit above engine and analysis.
+_STUDIES = {"sweep.py"}
+_ENTRY = {"__main__.py"}  # `python -m replayer` is the command line
+# The request path: from the schedule to the recorder.
+_REQUEST_PATH = {
+    "schedule.py",
+    "session.py",
+    "client.py",
+    "sse.py",
+    "recorder.py",
+    "scrape.py",
+    "progress.py",
+}
+
+
+def test_layout_engine_never_imports_analysis_or_the_cli() -> None:
+    engine = [p for p in _sources(REPO / "replayer") if p.name not in _STUDIES | _ENTRY]
+    assert {p.name for p in engine} >= _REQUEST_PATH | {"launch.py", "records.py"}
+    offenders = {
+        p.name: sorted(
+            m
+            for m in _imported_modules(p)
+            if m.split(".")[0] == "analysis" or m.split(".")[:2] == ["replayer", "cli"]
+        )
+        for p in engine
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_layout_request_path_never_imports_the_sim() -> None:
+    # Starting the simulator is the launcher's job, through one helper.
+    for p in _sources(REPO / "replayer"):
+        sims = {m for m in _imported_modules(p) if m.startswith("replayer.sim")}
+        if p.name in _REQUEST_PATH:
+            assert sims == set(), p.name
+        elif p.name == "launch.py":
+            assert sims <= {"replayer.sim.process"}, sims
+
+
+def test_layout_sim_imports_no_engine_module() -> None:
+    allowed = {"replayer.errors"}  # the exception root shared by every command
+    for p in sorted((REPO / "replayer" / "sim").rglob("*.py")):
+        ours = {m for m in _imported_modules(p) if m.split(".")[0] == "replayer"}
+        engine = {m for m in ours if not m.startswith("replayer.sim")} - allowed
+        assert engine == set(), (p.name, engine)
+
+
+def test_layout_analysis_error_root_is_its_own() -> None:
+    from analysis.errors import AnalysisError
+    from replayer.errors import ReplayerError
+    from traces.errors import TraceError
+
+    roots = (AnalysisError, ReplayerError, TraceError)
+    for root in roots:
+        assert root.__bases__ == (Exception,)

@@ -1,7 +1,8 @@
 """Builders of run and sweep directories in the layout the replay engine writes.
 
 Fixtures hand out factories: ``make_record(**fields)`` (a RequestRecord with dull
-defaults), ``make_run_dir(path, records, ...)`` and ``make_sweep_dir(path, levels)``.
+defaults, from ``tests.builders``), ``make_run_dir(path, records, ...)`` and
+``make_sweep_dir(path, levels)``.
 """
 
 from __future__ import annotations
@@ -15,55 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.records import RequestRecord, records_to_table, tpot_ns
-
-_MS = 1_000_000
-
-
-def make_record(**fields: Any) -> RequestRecord:
-    """A RequestRecord with defaults: an ok 1000-token request sent at 0."""
-    defaults: dict[str, Any] = {
-        "run_id": "run-test",
-        "session_id": "s0",
-        "root_session_id": fields.get("session_id", "s0"),
-        "request_index": 0,
-        "scheduled_ns": 0,
-        "start_ns": 0,
-        "trace_input_tokens": 1000,
-        "prompt_tokens": 1000,
-        "trace_output_tokens": 10,
-        "requested_output_tokens": 10,
-        "ideal_cached_tokens": 0,
-    }
-    defaults.update(fields)
-    return RequestRecord(**defaults)
-
-
-def timed_record(
-    *, start_ms: float, ttft_ms: float, e2e_ms: float, out: int, **fields: Any
-) -> RequestRecord:
-    """A record whose timing columns agree with each other (evenly spaced chunks);
-    ``tpot_ns`` as the engine fills it (ok rows with 2+ output tokens)."""
-    start = int(start_ms * _MS)
-    ttft = int(ttft_ms * _MS)
-    e2e = int(e2e_ms * _MS)
-    step = (e2e - ttft) // (out - 1) if out > 1 else 0
-    chunks = [ttft + k * step for k in range(out)]
-    return make_record(
-        start_ns=start,
-        first_token_ns=start + ttft,
-        end_ns=start + e2e,
-        ttft_ns=ttft,
-        e2e_ns=e2e,
-        tpot_ns=(
-            tpot_ns(e2e, ttft, out)
-            if out > 1 and fields.get("status", "ok") == "ok"
-            else None
-        ),
-        chunk_times_ns=chunks,
-        output_tokens=out,
-        **fields,
-    )
+from replayer.records import RequestRecord, records_to_table
+from tests.builders import make_record, timed_record
 
 
 def run_meta(**overrides: Any) -> dict[str, Any]:

@@ -12,27 +12,24 @@ from analysis.cache import lru_cached_tokens, miss_impact, request_cache, tree_c
 from analysis.load import records_frame
 from analysis.sweep import pareto_front
 from replayer.records import RequestRecord, records_to_table
-from traces.model import Request, Session, Subagent, Trace
+from tests.builders import request, session, subagent, trace_of
+from traces.model import Trace
 
 MS = 1_000_000
-
-
-def _req(ids: list[int], tokens: int) -> Request:
-    return Request(input_tokens=tokens, output_tokens=1, hash_ids=np.array(ids))
 
 
 @pytest.fixture
 def trace() -> Trace:
     """Tree A: A0 [1,2], A1 [1,2,3], subagent A/x [1,7]; tree B: B0 [1,2]."""
-    sub = Session(session_id="A/x", requests=(_req([1, 7], 20),), block_size=10)
-    a = Session(
-        session_id="A",
-        requests=(_req([1, 2], 20), _req([1, 2, 3], 30)),
-        subagents=(Subagent(session=sub, anchor_index=0, join_index=1, agent_id="x"),),
+    sub = session("A/x", [request([1, 7], input_tokens=20)], block_size=10)
+    a = session(
+        "A",
+        [request([1, 2], input_tokens=20), request([1, 2, 3], input_tokens=30)],
+        subagents=[subagent(sub, anchor=0, join=1, agent_id="x")],
         block_size=10,
     )
-    b = Session(session_id="B", requests=(_req([1, 2], 20),), block_size=10)
-    return Trace(sessions=(a, b))
+    b = session("B", [request([1, 2], input_tokens=20)], block_size=10)
+    return trace_of(a, b)
 
 
 def test_lru_follows_the_runs_start_order(

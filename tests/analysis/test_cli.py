@@ -272,18 +272,12 @@ def test_analyze_lru_estimate_reloads_the_trace(
     make_run_dir: Callable[..., Path],
     make_meta: Callable[..., dict[str, Any]],
 ) -> None:
+    from tests.builders import request, session, trace_of
     from traces.io import write_trace
-    from traces.model import Request, Session, Trace
 
-    reqs = tuple(
-        Request(input_tokens=30, output_tokens=2, hash_ids=np.array([1, 2, 3]))
-        for _ in range(3)
-    )
+    reqs = [request([1, 2, 3], input_tokens=30, out=2) for _ in range(3)]
     trace_path = tmp_path / "trace.jsonl"
-    write_trace(
-        Trace(sessions=(Session(session_id="s0", requests=reqs, block_size=10),)),
-        trace_path,
-    )
+    write_trace(trace_of(session("s0", reqs, block_size=10)), trace_path)
     meta = make_meta(trace={"path": str(trace_path), "block_size": 10})
     rows = [rec(request_index=i, start_ns=i, prompt_tokens=30) for i in range(3)]
     path = make_run_dir(tmp_path / "r", rows, meta=meta)

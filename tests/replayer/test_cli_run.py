@@ -4,6 +4,7 @@ run, sweep, demo, errors and interruption."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -11,12 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
+from tests.builders import growing_session, trace_of
 from traces.io import read_trace, write_trace
-from traces.model import Request, Session, Trace
 
 REPLAYER = [sys.executable, "-m", "replayer"]
 
@@ -35,20 +35,12 @@ def _cli(
 
 
 def _small_trace(path: Path, sessions: int = 3, turns: int = 4, out: int = 8) -> Path:
-    trace = Trace(
-        sessions=tuple(
-            Session(
-                session_id=f"s{k}",
-                requests=tuple(
-                    Request(
-                        input_tokens=64 * (i + 2) + 5,
-                        output_tokens=out,
-                        hash_ids=np.arange(1, i + 3, dtype=np.int64),
-                        think_time_s=0.05 if i else 0.0,
-                    )
-                    for i in range(turns)
-                ),
-                block_size=64,
+    """``sessions`` sessions of ``turns`` growing turns: turn i over blocks 1..i+2 of
+    64 tokens + 5 unhashed, ``out`` output tokens, 50 ms think before later turns."""
+    trace = trace_of(
+        *(
+            growing_session(
+                f"s{k}", turns, think=0.05, out=out, block_size=64, extra_tokens=5
             )
             for k in range(sessions)
         )
@@ -267,18 +259,19 @@ def test_cli_weka_sample_replays_exactly_against_sim(
 
 
 @pytest.mark.timeout(300)
-def test_cli_mooncake_timestamps_speedup_for_30s(
-    mooncake_file: Path, tmp_path: Path
-) -> None:
+def test_cli_mooncake_timestamps_speedup(mooncake_file: Path, tmp_path: Path) -> None:
+    # The real Mooncake sample through the command line at 50x: ~150 requests/s for
+    # 8 s. Exact timing of the timestamps mode is checked in virtual time
+    # (test_schedule); here the real file, the CLI and the sim.
     run_dir = tmp_path / "mc"
     res = _cli(
         "run",
         str(mooncake_file),
         "--timestamps",
         "--speedup",
-        "20",
+        "50",
         "--duration",
-        "30",
+        "8",
         "--block-tokens",
         "16",
         "--out",
@@ -291,19 +284,15 @@ def test_cli_mooncake_timestamps_speedup_for_30s(
     assert res.returncode == 0, res.stderr
     df = pd.read_parquet(run_dir / "requests")
     trace = read_trace(mooncake_file)
-    starts = pd.Series({s.session_id: s.start_s for s in trace.sessions})
-    # Every request due in the first 25 s of the window was sent (a shared machine
+    first = pd.Series({s.session_id: s.start_s for s in trace.sessions})
+    # Every request due in the first 80% of the window was sent (a shared machine
     # can delay the last ones past the end); all of them completed.
-    due = int(((starts - starts.min()) / 20 < 25).sum())
-    assert due > 1000
+    due = int(((first - first.min()) / 50 < 6.4).sum())
+    assert due > 900
     assert len(df) >= due
     assert (df["status"] == "ok").mean() > 0.99
-    assert df["scheduled_ns"].max() <= 30e9
-    lag = df["start_ns"] - df["scheduled_ns"]
-    assert lag.median() < 200e6
-    trace = read_trace(mooncake_file)
-    first = {s.session_id: s.start_s for s in trace.sessions}
-    exp = df["session_id"].map(first) * 1e9 / 20
+    assert df["scheduled_ns"].max() <= 8e9
+    exp = (df["session_id"].map(first) - first.min()) * 1e9 / 50
     assert (df["scheduled_ns"] - exp).abs().max() < 1e6
 
 
@@ -328,14 +317,18 @@ def test_cli_run_workers_share_one_zero_and_one_run_dir(tmp_path: Path) -> None:
     assert len(df) == 16
     assert (df["status"] == "ok").all()
     assert sorted(df["worker_id"].unique()) == [0, 1]
-    # Each worker owns whole sessions, and both started from the same zero.
+    # Each worker owns whole sessions; times are on the one shared zero, which
+    # every worker had finished preparing for before it came.
     assert len(df[["session_id", "worker_id"]].drop_duplicates()) == 4
     assert df["start_ns"].min() >= 0
-    firsts = df[df["request_index"] == 0].groupby("worker_id")["start_ns"].min()
-    assert (firsts < 1e9).all()
+    for k in range(2):
+        worker = json.loads((run_dir / f"run-worker-{k:03d}.json").read_text())
+        assert worker["ready_ns"] < 0
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["counts"]["ok"] == 16
     assert meta["workers"] == 2
+    assert meta["worker_id"] is None
+    assert meta["trace"]["requests"] == meta["counts"]["trace_requests"] == 16
 
 
 def test_cli_api_key_is_never_written(tmp_path: Path) -> None:
@@ -357,3 +350,72 @@ def test_cli_api_key_is_never_written(tmp_path: Path) -> None:
     for f in run_dir.rglob("*"):
         if f.is_file():
             assert secret.encode() not in f.read_bytes(), f
+
+
+def _worker_pids(parent: int) -> list[int]:
+    """The --workers processes of the `replayer run` process ``parent``."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and b"spawn_main" in cmdline:
+            pids.append(int(stat.parent.name))
+    return sorted(pids)
+
+
+@pytest.mark.timeout(180)
+def test_cli_run_killed_worker_stops_the_run_and_keeps_rows(tmp_path: Path) -> None:
+    trace = _small_trace(tmp_path / "t.jsonl", sessions=4, turns=40, out=50)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            *REPLAYER,
+            "run",
+            str(trace),
+            "--workers",
+            "2",
+            "--concurrency",
+            "2",
+            "--out",
+            str(run_dir),
+            "--quiet",
+            "--sim-args",
+            "--speed 1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        parts: list[Path] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            parts = list((run_dir / "requests").glob("part-*.parquet"))
+            if {p.name[:8] for p in parts} == {"part-000", "part-001"}:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+        workers = _worker_pids(proc.pid)
+        assert len(workers) == 2
+        os.kill(workers[1], signal.SIGKILL)
+        killed_at = time.monotonic()
+        _out, err = proc.communicate(timeout=60)
+        stopped_in = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert f"(pid {workers[1]}) was killed by SIGKILL" in lines[0]
+    assert stopped_in < 30, stopped_in
+    analyzed = _cli("analyze", str(run_dir), "--json")
+    assert analyzed.returncode == 0, analyzed.stderr
+    summary = json.loads(analyzed.stdout)
+    assert summary["ok"] > 0
+    df = pd.read_parquet(run_dir / "requests")
+    assert sorted(df["worker_id"].unique()) == [0, 1]  # the dead one's flushed rows
+    assert json.loads((run_dir / "run.json").read_text())["error"].startswith("worker")

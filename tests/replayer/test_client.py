@@ -38,21 +38,27 @@ async def _send(aiohttp_server: Serve, fake: FakeLLM, n: int = 5, **ep: Any) -> 
         return await client.send(BODY % n)
 
 
-async def test_client_ttft_and_tpot_match_server_timing(aiohttp_server: Serve) -> None:
+async def test_client_stamps_never_precede_the_servers_delays(
+    aiohttp_server: Serve,
+) -> None:
+    # The server waits 50 ms before the first token and 10 ms between tokens: no
+    # stamp can come sooner. How close they come is measured in bench/ (no upper
+    # bound on a shared machine).
     fake = FakeLLM(ttft_s=0.05, itl_s=0.01)
     client, _ = await _client_for(aiohttp_server, fake)
-    ttfts, tpots = [], []
     async with client:
-        for _ in range(7):
+        for _ in range(3):
             out = await client.send(BODY % 11)
             assert out.status == "ok", out.error_message
             assert out.first_token_ns is not None
-            ttft = out.first_token_ns - out.start_ns
-            ttfts.append(ttft)
-            tpots.append((out.end_ns - out.start_ns - ttft) / (11 - 1))
-    # Generous bounds (shared CI machine); exact figures are in bench/RESULTS.md.
-    assert 0.05e9 <= np.median(ttfts) < 0.05e9 + 15e6
-    assert 0.01e9 <= np.median(tpots) < 0.01e9 + 5e6
+            assert out.first_token_ns - out.start_ns >= 0.05e9
+            # Chunk k leaves the server 50 ms + k * 10 ms after it got the request
+            # (chunks read together share one stamp, so gaps alone prove nothing).
+            times = np.asarray(out.chunk_times_ns)
+            assert len(times) == 11
+            assert (times >= 0.05e9 + np.arange(11) * 0.01e9).all()
+            assert out.start_ns < out.first_token_ns <= out.end_ns
+            assert out.chunk_times_ns[0] == out.first_token_ns - out.start_ns
 
 
 async def test_client_counts_chunks_and_reads_usage(aiohttp_server: Serve) -> None:

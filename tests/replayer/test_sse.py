@@ -1,10 +1,10 @@
-"""Pure SSE parsing on bytes."""
+"""Pure SSE parsing on bytes: the byte framer and the event parser."""
 
 from __future__ import annotations
 
 import pytest
 
-from replayer.sse import event_data, parse_event, usage_counts
+from replayer.sse import EventFramer, event_data, parse_event, usage_counts
 
 
 def test_sse_done_and_comments() -> None:
@@ -85,3 +85,51 @@ def test_sse_quick_path_agrees_with_full_parse(data: bytes) -> None:
     from replayer.sse import parse_chunk
 
     assert parse_event([b"data: " + data]) == parse_chunk(orjson.loads(data))
+
+
+TOKEN = b'data: {"choices":[{"index":0,"text":"t"}]}'
+
+
+def _feed(framer: EventFramer, data: bytes, now: int) -> list[tuple[int, bool, bool]]:
+    return [(stamp, ev.has_content, ev.done) for stamp, ev in framer.feed(data, now)]
+
+
+def test_sse_framer_stamps_each_event_with_its_first_bytes_arrival() -> None:
+    f = EventFramer()
+    # One read with two events: both carry that read's stamp.
+    assert _feed(f, TOKEN + b"\n\n" + TOKEN + b"\n\n", 10) == [
+        (10, True, False),
+        (10, True, False),
+    ]
+    # An event split over three reads keeps the stamp of its first byte.
+    assert _feed(f, TOKEN[:7], 20) == []
+    assert _feed(f, TOKEN[7:] + b"\n", 30) == []
+    assert _feed(f, b"\n" + TOKEN, 40) == [(20, True, False)]
+    # The rest of the last read starts the next event at that read's stamp.
+    assert _feed(f, b"\n\ndata: [DONE]\n\n", 50) == [
+        (40, True, False),
+        (50, False, True),
+    ]
+
+
+def test_sse_framer_crlf_comments_and_blank_lines() -> None:
+    f = EventFramer()
+    data = b": ping\r\n\r\n\r\n" + TOKEN + b"\r\n\r\ndata: [DONE]\r\n\r\n"
+    assert _feed(f, data, 5) == [(5, False, False), (5, True, False), (5, False, True)]
+
+
+def test_sse_framer_stopping_early_keeps_the_rest() -> None:
+    f = EventFramer()
+    events = f.feed(TOKEN + b"\n\n" + TOKEN + b"\n\n", 1)
+    assert next(events)[1].has_content
+    events.close()  # the consumer stopped after the first event
+    assert [ev.has_content for _, ev in f.feed(b"", 2)] == [True]
+
+
+def test_sse_framer_finish_reads_an_unterminated_tail() -> None:
+    f = EventFramer()
+    assert _feed(f, TOKEN + b"\n\ndata: [DONE]", 1) == [(1, True, False)]
+    tail = f.finish()
+    assert tail is not None
+    assert tail.done
+    assert f.finish() is None

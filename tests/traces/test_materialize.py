@@ -4,29 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import orjson
 import pytest
 
+from tests.builders import request, session
 from traces.errors import TraceError
 from traces.materialize import Materializer, PromptConfig
-from traces.model import Request, Session
+from traces.model import Session
 from traces.textrule import chat_to_token_ids
 
 
 def _session(
     *reqs: tuple[list[int], int], block_size: int = 4, out: int = 4
 ) -> Session:
-    return Session(
-        session_id="s",
-        requests=tuple(
-            Request(
-                input_tokens=n,
-                output_tokens=out,
-                hash_ids=np.array(ids, dtype=np.int64),
-            )
-            for ids, n in reqs
-        ),
+    """Session "s": one request per (hash ids, input tokens); 4 system tokens."""
+    return session(
+        "s",
+        [request(ids, input_tokens=n, out=out) for ids, n in reqs],
         block_size=block_size,
         system_tokens=4,
     )

@@ -7,12 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.builders import request, session, subagent, trace_of
 from traces import read_trace
-from traces.model import Request, Session, Subagent, Trace
+from traces.model import Request, Subagent
+
+_BLOCK = 64  # the model's default block size
 
 
 def _req(ids: list[int]) -> Request:
-    return Request(input_tokens=len(ids) * 64, output_tokens=1, hash_ids=np.array(ids))
+    return request(ids, block_size=_BLOCK)
 
 
 def test_model_hash_ids_are_read_only_int64() -> None:
@@ -38,25 +41,26 @@ def test_model_request_equality_compares_ids_by_value() -> None:
 
 def test_model_ordered_requests_places_subagents_between_anchor_and_join() -> None:
     def sub(sid: str, anchor: int, join: int | None) -> Subagent:
-        s = Session(session_id=sid, requests=(_req([9]),))
-        return Subagent(session=s, anchor_index=anchor, join_index=join, agent_id=sid)
+        s = session(sid, [_req([9])], block_size=_BLOCK)
+        return subagent(s, anchor=anchor, join=join, agent_id=sid)
 
-    parent = Session(
-        session_id="p",
-        requests=(_req([1]), _req([2])),
+    parent = session(
+        "p",
+        [_req([1]), _req([2])],
         subagents=(
             sub("first", -1, 0),
             sub("a", 0, 1),
             sub("b", 0, 1),
             sub("bg", 1, None),
         ),
+        block_size=_BLOCK,
     )
     order = [(s.session_id, i) for s, i, _ in parent.ordered_requests()]
     assert order == [("first", 0), ("p", 0), ("a", 0), ("b", 0), ("p", 1), ("bg", 0)]
     assert parent.request_count() == 6
     assert [d for _, d in parent.walk()] == [0, 1, 1, 1, 1]
     assert [s.agent_id for s in parent.subagents_at(0)] == ["a", "b"]
-    trace = Trace(sessions=(parent,))
+    trace = trace_of(parent)
     assert (len(trace), trace.request_count()) == (1, 6)
 
 

@@ -8,13 +8,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.builders import request, session, subagent, trace_of
 from traces import ideal_cached_tokens, read_trace, trace_stats
-from traces.model import Request, Session, Subagent, Trace
+from traces.model import Scope, Trace
 
 
 def _percentile(values: list[int], q: float) -> float:
@@ -123,45 +123,25 @@ def test_stats_real_mooncake_match_reference(mooncake_file: Path) -> None:
     _assert_stats_match(trace_stats(read_trace(mooncake_file)).as_dict(), want)
 
 
-def _req(ids: list[int], in_tokens: int | None = None, block: int = 4) -> Request:
-    return Request(
-        input_tokens=len(ids) * block if in_tokens is None else in_tokens,
-        output_tokens=1,
-        hash_ids=np.array(ids, dtype=np.int64),
-    )
-
-
 def test_stats_ideal_hit_counts_only_the_leading_run() -> None:
-    s = Session(
-        session_id="s",
-        requests=(_req([1, 2, 3]), _req([1, 9, 3]), _req([1, 9, 3, 4])),
-        block_size=4,
-    )
-    hits = ideal_cached_tokens(Trace(sessions=(s,)))
+    reqs = [request([1, 2, 3]), request([1, 9, 3]), request([1, 9, 3, 4])]
+    hits = ideal_cached_tokens(trace_of(session("s", reqs, block_size=4)))
     # Block 3 of request 1 was seen, but after a miss: a prefix cache cannot use it.
     assert hits == {("s", 0): 0, ("s", 1): 4, ("s", 2): 12}
 
 
 def test_stats_ideal_hit_is_capped_at_input_tokens() -> None:
     # Mooncake-style: the partial tail block is hashed too (10 tokens, 3 blocks of 4).
-    s = Session(
-        session_id="s",
-        requests=(_req([1, 2, 3], in_tokens=10), _req([1, 2, 3], in_tokens=10)),
-        block_size=4,
-    )
-    assert ideal_cached_tokens(Trace(sessions=(s,)))[("s", 1)] == 10
+    reqs = [request([1, 2, 3], input_tokens=10), request([1, 2, 3], input_tokens=10)]
+    s = session("s", reqs, block_size=4)
+    assert ideal_cached_tokens(trace_of(s))[("s", 1)] == 10
 
 
 def test_stats_ideal_hit_scope_local_vs_global() -> None:
-    def two(scope: str) -> Trace:
-        return Trace(
-            sessions=tuple(
-                Session(
-                    session_id=sid,
-                    requests=(_req([7, 8]),),
-                    block_size=4,
-                    hash_id_scope=scope,  # type: ignore[arg-type]
-                )
+    def two(scope: Scope) -> Trace:
+        return trace_of(
+            *(
+                session(sid, [request([7, 8])], block_size=4, scope=scope)
                 for sid in ("a", "b")
             )
         )
@@ -171,14 +151,14 @@ def test_stats_ideal_hit_scope_local_vs_global() -> None:
 
 
 def test_stats_ideal_hit_follows_subagent_spawn_and_join_order() -> None:
-    sub = Session(session_id="p/x", requests=(_req([1, 5]),), block_size=4)
-    parent = Session(
-        session_id="p",
-        requests=(_req([1, 2]), _req([1, 5, 6]), _req([]), _req([1, 2])),
-        subagents=(Subagent(session=sub, anchor_index=0, join_index=1, agent_id="x"),),
+    sub = session("p/x", [request([1, 5])], block_size=4)
+    parent = session(
+        "p",
+        [request([1, 2]), request([1, 5, 6]), request([]), request([1, 2])],
+        subagents=[subagent(sub, anchor=0, join=1, agent_id="x")],
         block_size=4,
     )
-    hits = ideal_cached_tokens(Trace(sessions=(parent,)))
+    hits = ideal_cached_tokens(trace_of(parent))
     assert hits[("p/x", 0)] == 4  # sees its parent's first request (spawned after it)
     assert hits[("p", 1)] == 8  # the join sees the subagent's block 5
     assert hits[("p", 2)] == 0  # empty hash ids: nothing to hit
@@ -190,12 +170,10 @@ def _reference_hits(trace: Trace) -> dict[tuple[str, int], int]:
     global_seen: set[int] = set()
     for root in trace.sessions:
         seen = global_seen if root.hash_id_scope == "global" else set()
-        for session, i, r in root.ordered_requests():
+        for sess, i, r in root.ordered_requests():
             ids = r.hash_ids.tolist()
             blocks = _leading_hit(ids, seen)
-            out[(session.session_id, i)] = min(
-                blocks * session.block_size, r.input_tokens
-            )
+            out[(sess.session_id, i)] = min(blocks * sess.block_size, r.input_tokens)
             seen.update(ids)
     return out
 

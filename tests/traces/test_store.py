@@ -4,22 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.builders import request, session, trace_of
 from traces import TraceError, read_trace
-from traces.model import Request, Session, Trace
 from traces.store import read_store, write_store
-
-
-def _trace(*id_lists: list[int]) -> Trace:
-    reqs = tuple(
-        Request(input_tokens=len(ids), output_tokens=1, hash_ids=np.array(ids))
-        for ids in id_lists
-    )
-    return Trace(sessions=(Session(session_id="s", requests=reqs, block_size=1),))
 
 
 def test_store_runs_across_request_boundaries_and_empty_requests(
@@ -28,7 +19,8 @@ def test_store_runs_across_request_boundaries_and_empty_requests(
     # Consecutive ids spanning two requests, an empty request, descending ids, and
     # the int64 extremes (run arithmetic must not overflow).
     lists = [[5, 6, 7], [8, 9], [], [3, 2, 1], [2**63 - 2, 2**63 - 1], [-(2**63), 0]]
-    write_store(_trace(*lists), tmp_path / "t.parquet")
+    reqs = [request(ids, block_size=1) for ids in lists]  # one token per id
+    write_store(trace_of(session("s", reqs, block_size=1)), tmp_path / "t.parquet")
     got = read_store(tmp_path / "t.parquet").sessions[0].requests
     assert [r.hash_ids.tolist() for r in got] == lists
     table = pq.read_table(tmp_path / "t.parquet")

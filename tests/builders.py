@@ -1,0 +1,176 @@
+"""Builders shared by the test packages: traces (requests, sessions, subagent trees)
+and request records, with dull defaults that a test overrides where it matters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from replayer.records import RequestRecord, tpot_ns
+from traces.model import Request, Scope, Session, Subagent, Trace
+
+# -- traces ------------------------------------------------------------------------
+
+
+def request(
+    ids: Sequence[int] | None = None,
+    *,
+    blocks: int | None = None,
+    first: int = 1,
+    input_tokens: int | None = None,
+    block_size: int = 4,
+    extra_tokens: int = 0,
+    out: int = 1,
+    think: float = 0.0,
+    t: float = 0.0,
+) -> Request:
+    """A request over hash ids ``ids`` (or ``blocks`` consecutive ids from
+    ``first``); input = its blocks' tokens + ``extra_tokens`` unless given."""
+    if ids is None:
+        ids = range(first, first + (blocks or 0))
+    arr = np.asarray(list(ids), dtype=np.int64)
+    return Request(
+        input_tokens=arr.size * block_size + extra_tokens
+        if input_tokens is None
+        else input_tokens,
+        output_tokens=out,
+        hash_ids=arr,
+        think_time_s=think,
+        t_s=t,
+    )
+
+
+def session(
+    session_id: str,
+    requests: Sequence[Request],
+    *,
+    subagents: Sequence[Subagent] = (),
+    block_size: int = 4,
+    start: float | None = None,
+    scope: Scope = "local",
+    **fields: Any,
+) -> Session:
+    """A session of ``requests``."""
+    return Session(
+        session_id=session_id,
+        requests=tuple(requests),
+        subagents=tuple(subagents),
+        block_size=block_size,
+        start_s=start,
+        hash_id_scope=scope,
+        **fields,
+    )
+
+
+def growing_session(
+    session_id: str,
+    n: int,
+    *,
+    think: float = 0.0,
+    out: int = 3,
+    subagents: Sequence[Subagent] = (),
+    start: float | None = None,
+    block_size: int = 4,
+    extra_tokens: int = 2,
+) -> Session:
+    """``n`` turns, turn ``i`` over blocks 1..2+i (each extends the last) of
+    ``block_size`` tokens plus ``extra_tokens`` unhashed tokens, ``think`` seconds
+    before every turn after the first."""
+    reqs = [
+        request(
+            blocks=2 + i,
+            block_size=block_size,
+            extra_tokens=extra_tokens,
+            out=out,
+            think=think if i else 0.0,
+        )
+        for i in range(n)
+    ]
+    return session(
+        session_id, reqs, subagents=subagents, block_size=block_size, start=start
+    )
+
+
+def subagent(
+    child: Session, *, anchor: int, join: int | None, agent_id: str | None = None
+) -> Subagent:
+    """``child`` spawned after request ``anchor`` of its parent and joined before
+    request ``join`` (None: it runs in the background)."""
+    return Subagent(
+        session=child,
+        anchor_index=anchor,
+        join_index=join,
+        agent_id=agent_id or child.session_id.rsplit("/", 1)[-1],
+    )
+
+
+def agent_tree(sid: str) -> Session:
+    """Three turns; two subagents spawned after turn 0 and joined before turn 1; one
+    background subagent after turn 2. 10 requests."""
+    return growing_session(
+        sid,
+        3,
+        subagents=(
+            subagent(growing_session(f"{sid}/a", 2), anchor=0, join=1),
+            subagent(growing_session(f"{sid}/b", 3), anchor=0, join=1),
+            subagent(growing_session(f"{sid}/bg", 2), anchor=2, join=None),
+        ),
+    )
+
+
+def trace_of(*sessions: Session, source_format: str = "native") -> Trace:
+    """A trace of ``sessions``."""
+    return Trace(sessions=tuple(sessions), source_format=source_format)
+
+
+# -- records -----------------------------------------------------------------------
+
+_MS = 1_000_000
+
+
+def make_record(**fields: Any) -> RequestRecord:
+    """A RequestRecord with defaults: an ok 1000-token request sent at 0."""
+    defaults: dict[str, Any] = {
+        "run_id": "run-test",
+        "session_id": "s0",
+        "root_session_id": fields.get("session_id", "s0"),
+        "request_index": 0,
+        "scheduled_ns": 0,
+        "start_ns": 0,
+        "trace_input_tokens": 1000,
+        "prompt_tokens": 1000,
+        "trace_output_tokens": 10,
+        "requested_output_tokens": 10,
+        "ideal_cached_tokens": 0,
+    }
+    defaults.update(fields)
+    return RequestRecord(**defaults)
+
+
+def timed_record(
+    *, start_ms: float, ttft_ms: float, e2e_ms: float, out: int, **fields: Any
+) -> RequestRecord:
+    """A record whose timing columns agree with each other (evenly spaced chunks);
+    ``tpot_ns`` as the engine fills it (ok rows with 2+ output tokens)."""
+    start = int(start_ms * _MS)
+    ttft = int(ttft_ms * _MS)
+    e2e = int(e2e_ms * _MS)
+    step = (e2e - ttft) // (out - 1) if out > 1 else 0
+    chunks = [ttft + k * step for k in range(out)]
+    return make_record(
+        start_ns=start,
+        first_token_ns=start + ttft,
+        end_ns=start + e2e,
+        ttft_ns=ttft,
+        e2e_ns=e2e,
+        tpot_ns=(
+            tpot_ns(e2e, ttft, out)
+            if out > 1 and fields.get("status", "ok") == "ok"
+            else None
+        ),
+        chunk_times_ns=chunks,
+        output_tokens=out,
+        **fields,
+    )

@@ -1,0 +1,162 @@
+"""The library entry against real servers on loopback: the run directory (Parquet
+rows, run.json as a RunMeta, no secrets), the startup check, cancellation, and
+``replay()`` from a script with the built-in simulated endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from aiohttp.test_utils import TestServer
+
+from replayer.config import EndpointConfig, Lanes, ReplayConfig
+from replayer.errors import ConfigError, EndpointError
+from replayer.launch import replay, replay_trace
+from replayer.records import RECORD_SCHEMA, RUN_METADATA_KEY, ModeInfo, RunMeta
+from tests.builders import agent_tree, growing_session, trace_of
+from tests.fakes import FakeLLM, make_fake_llm_app
+from tests.replayer.conftest import engine_config
+from traces.io import write_trace
+from traces.materialize import PromptConfig
+
+Serve = Callable[..., Awaitable[TestServer]]
+
+
+async def _serve(aiohttp_server: Serve, fake: FakeLLM) -> str:
+    server = await aiohttp_server(make_fake_llm_app(fake), host="127.0.0.1")
+    return f"http://127.0.0.1:{server.port}"
+
+
+@pytest.mark.parametrize("in_url", [True, False], ids=["url-credentials", "api-key"])
+async def test_launch_run_directory_metadata_and_no_secret(
+    aiohttp_server: Serve, tmp_path: Path, in_url: bool
+) -> None:
+    url = await _serve(aiohttp_server, FakeLLM(cached_tokens=4))
+    secret_url = url.replace("http://", "http://user:url-secret@")
+    trace = trace_of(growing_session("s", 3))
+    cfg = engine_config(
+        secret_url if in_url else url,
+        api_key=None if in_url else "sk-very-secret",
+        labels={"engine": "fake", "gpus": 2},
+    )
+    summary = await replay_trace(trace, cfg, tmp_path / "run")
+    parts = sorted((tmp_path / "run" / "requests").glob("part-*.parquet"))
+    assert parts
+    table = pq.read_table(parts[0])
+    assert table.schema.remove_metadata() == RECORD_SCHEMA
+    run_json = (tmp_path / "run" / "run.json").read_text()
+    for blob in (table.schema.metadata[RUN_METADATA_KEY].decode(), run_json):
+        assert "sk-very-secret" not in blob
+        assert "url-secret" not in blob
+    meta = RunMeta.from_dict(json.loads(run_json))
+    assert meta.complete
+    assert meta.endpoint == url
+    assert meta.labels["engine"] == "fake"
+    assert meta.counts is not None
+    assert meta.counts.ok == 3 == summary.ok
+    assert meta.mode == ModeInfo(kind="concurrency", concurrency=1)
+    assert meta.config["endpoint"]["api_key_set"] is not in_url
+    assert meta.trace.requests == 3
+    assert meta.trace.ideal_cache_hit_rate == pytest.approx((8 + 12) / (10 + 14 + 18))
+    # Every part file carries the final metadata too (a lost run.json costs nothing).
+    last = pq.read_schema(parts[-1]).metadata[RUN_METADATA_KEY]
+    assert RunMeta.from_dict(json.loads(last)).complete
+    df = pd.read_parquet(tmp_path / "run" / "requests")
+    assert (df["cached_tokens"] == 4).all()
+    assert (df["output_tokens"] == df["requested_output_tokens"]).all()
+
+
+async def test_launch_wrong_model_is_an_endpoint_error(
+    aiohttp_server: Serve, tmp_path: Path
+) -> None:
+    url = await _serve(aiohttp_server, FakeLLM())
+    cfg = replace(
+        engine_config(url),
+        endpoint=EndpointConfig(base_url=url.replace("://", "://u:pw@"), model="nope"),
+    )
+    with pytest.raises(EndpointError, match="does not serve model 'nope'") as info:
+        await replay_trace(trace_of(growing_session("s", 1)), cfg, tmp_path / "run")
+    assert "pw" not in str(info.value)
+
+
+async def test_launch_cancelled_midway_leaves_readable_run_and_no_task(
+    aiohttp_server: Serve, tmp_path: Path
+) -> None:
+    url = await _serve(aiohttp_server, FakeLLM(itl_s=0.05))
+    trace = trace_of(*(growing_session(f"c{i}", 4) for i in range(2)))
+    cfg = engine_config(url, schedule=Lanes(concurrency=2), duration_s=3600.0)
+    task = asyncio.ensure_future(replay_trace(trace, cfg, tmp_path / "run"))
+    while not (tmp_path / "run" / "run.json").exists():  # noqa: ASYNC110 - a file
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    df = pd.read_parquet(tmp_path / "run" / "requests")
+    assert (df["status"] == "cancelled").sum() == 2
+    meta = RunMeta.from_dict(json.loads((tmp_path / "run" / "run.json").read_text()))
+    assert meta.interrupted is True
+    assert meta.counts is not None
+    assert meta.counts.cancelled == 2
+    # Nothing of the run is left behind: no sleeper waiting for the hour to pass.
+    await asyncio.sleep(0)
+    left = [
+        t
+        for t in asyncio.all_tasks()
+        if t is not asyncio.current_task() and "sleep_until" in repr(t.get_coro())
+    ]
+    assert left == []
+
+
+async def test_launch_recorder_loses_no_rows_under_frequent_flushes(
+    aiohttp_server: Serve, tmp_path: Path
+) -> None:
+    # Flushes every few ms race the final flush: every row must still land once.
+    url = await _serve(aiohttp_server, FakeLLM())
+    trace = trace_of(*(growing_session(f"f{i}", 6) for i in range(8)))
+    cfg = engine_config(url, schedule=Lanes(concurrency=8), flush_interval_s=0.003)
+    for k in range(3):
+        summary = await replay_trace(trace, cfg, tmp_path / f"run{k}")
+        df = pd.read_parquet(tmp_path / f"run{k}" / "requests")
+        assert len(df) == summary.ok == trace.request_count()
+        assert not df.duplicated(["session_id", "request_index"]).any()
+
+
+def test_launch_replay_from_a_script_with_the_builtin_sim(tmp_path: Path) -> None:
+    # What the README shows: a trace file, a typed config, a run directory.
+    path = write_trace(
+        trace_of(agent_tree("s1"), agent_tree("s2")), tmp_path / "t.jsonl"
+    )
+    config = ReplayConfig(
+        endpoint=EndpointConfig(),  # no URL: the built-in simulated endpoint
+        schedule=Lanes(concurrency=2),
+        think_scale=0.0,
+        sim_args=("--speed", "50"),
+    )
+    summary = replay(path, config, tmp_path / "run")
+    assert summary.ok == summary.requests == 20
+    meta = RunMeta.from_dict(json.loads((tmp_path / "run" / "run.json").read_text()))
+    assert meta.simulated is True
+    assert meta.model  # resolved from the server's model list
+    assert meta.trace.content_hash is not None
+    with pytest.raises(ConfigError, match="already holds a run"):
+        replay(path, config, tmp_path / "run")
+
+
+def test_launch_config_rejects_contradictions() -> None:
+    with pytest.raises(ConfigError, match="--loop needs --duration"):
+        ReplayConfig(endpoint=EndpointConfig(), loop=True)
+    with pytest.raises(ConfigError, match="concurrency must be >= 1"):
+        Lanes(concurrency=0)
+    with pytest.raises(ConfigError, match="http"):
+        EndpointConfig(base_url="localhost:8000")
+    with pytest.raises(ConfigError, match="give one of them") as info:
+        EndpointConfig(base_url="http://u:pw@127.0.0.1:1", api_key="k")
+    assert "pw" not in str(info.value)
+    assert PromptConfig().salt == ""

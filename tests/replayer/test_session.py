@@ -1,0 +1,242 @@
+"""Playing session trees, in virtual time (exact): turn order, think gaps, subagent
+spawn and join, skipping after a failure, request bodies, admission, and large
+prompts built off the event loop."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from replayer.config import EndpointConfig, Lanes
+from replayer.session import PromptBuilder, request_body
+from tests.builders import (
+    agent_tree,
+    growing_session,
+    request,
+    session,
+    subagent,
+    trace_of,
+)
+from tests.replayer.conftest import ReplayFake
+from traces.materialize import Materializer, PromptConfig
+
+MS = 1_000_000
+
+
+async def test_session_tree_order_spawn_and_join(replay_fake: ReplayFake) -> None:
+    trace = trace_of(agent_tree("s1"), agent_tree("s2"))
+    run = await replay_fake(trace, schedule=Lanes(concurrency=2))
+    df = run.rows
+    assert run.summary.ok == len(df) == trace.request_count() == 20
+    assert (df["status"] == "ok").all()
+    for root in ("s1", "s2"):
+        by = {
+            sid: g.sort_values("request_index")
+            for sid, g in df[df["root_session_id"] == root].groupby("session_id")
+        }
+        for sid, g in by.items():  # turns follow each other back to back
+            starts, ends = g["start_ns"].to_numpy(), g["end_ns"].to_numpy()
+            if sid == root:  # ... except where the parent waits for a join
+                assert starts[2] == ends[1]
+            else:
+                assert (starts[1:] == ends[:-1]).all()
+        parent = by[root]
+        anchor_end = parent.iloc[0]["end_ns"]
+        subs = [by[f"{root}/a"], by[f"{root}/b"]]
+        for s in subs:
+            assert s["start_ns"].min() == anchor_end  # spawned when its anchor ends
+            assert (s["parent_session_id"] == root).all()
+            assert (s["agent_depth"] == 1).all()
+        # The join waits for the slower subagent, and not a nanosecond more.
+        assert parent.iloc[1]["start_ns"] == max(s["end_ns"].max() for s in subs)
+        assert by[f"{root}/bg"]["start_ns"].min() == parent.iloc[2]["end_ns"]
+
+
+async def test_session_think_gaps_scaled_and_capped(replay_fake: ReplayFake) -> None:
+    trace = trace_of(growing_session("s", 4, think=1.0))
+    run = await replay_fake(trace, think_scale=0.1)
+    g = run.rows
+    gaps = g["start_ns"].to_numpy()[1:] - g["end_ns"].to_numpy()[:-1]
+    assert (gaps == 100 * MS).all()
+    assert (g["start_ns"] == g["scheduled_ns"]).all()
+    capped = await replay_fake(trace, think_scale=1.0, think_cap_s=0.25)
+    c = capped.rows
+    assert (
+        c["start_ns"].to_numpy()[1:] - c["end_ns"].to_numpy()[:-1] == 250 * MS
+    ).all()
+
+
+async def test_session_subagent_waits_its_own_first_think_gap(
+    replay_fake: ReplayFake,
+) -> None:
+    child = session("p/c", [request(blocks=1, think=2.0), request(blocks=2)])
+    parent = session(
+        "p",
+        [request(blocks=1), request(blocks=2)],
+        subagents=[subagent(child, anchor=0, join=1)],
+    )
+    run = await replay_fake(trace_of(parent), think_scale=0.5)
+    df = run.rows.set_index(["session_id", "request_index"])
+    assert df.loc[("p/c", 0), "start_ns"] == df.loc[("p", 0), "end_ns"] + 1000 * MS
+
+
+async def test_session_failure_skips_rest_of_tree(replay_fake: ReplayFake) -> None:
+    trace = trace_of(agent_tree("s1"))
+    run = await replay_fake(trace, client={"fail": frozenset({1})})
+    df = run.rows
+    assert len(df) == trace.request_count()  # every request has a row
+    first = df[(df["session_id"] == "s1") & (df["request_index"] == 0)].iloc[0]
+    assert first["status"] == "http_error"
+    assert first["http_status"] == 500
+    assert (df.drop(first.name)["status"] == "skipped").all()
+    assert df.drop(first.name)["start_ns"].isna().all()  # never sent
+    assert run.summary.failed == 1
+    assert run.summary.skipped == len(df) - 1
+
+
+async def test_session_failed_subagent_leaves_parent_running(
+    replay_fake: ReplayFake,
+) -> None:
+    # Request 2 in send order is subagent a's first: a's rest is skipped, the parent
+    # and b carry on.
+    trace = trace_of(agent_tree("s1"))
+    run = await replay_fake(trace, client={"fail": frozenset({2})})
+    by = run.rows.groupby("session_id")["status"].apply(list).to_dict()
+    assert by["s1/a"] == ["http_error", "skipped"]
+    assert by["s1"] == ["ok"] * 3
+    assert by["s1/b"] == ["ok"] * 3
+
+
+async def test_session_records_tpot_and_tokens(replay_fake: ReplayFake) -> None:
+    run = await replay_fake(
+        trace_of(growing_session("s", 2, out=5)),
+        client={"ttft_ns": 20 * MS, "itl_ns": 3 * MS},
+    )
+    df = run.rows
+    assert (df["ttft_ns"] == 20 * MS).all()
+    assert (df["e2e_ns"] == 32 * MS).all()
+    assert (df["tpot_ns"] == 3 * MS).all()
+    assert (df["output_tokens"] == 5).all()
+    assert list(df.iloc[0]["chunk_times_ns"]) == [
+        20 * MS + k * 3 * MS for k in range(5)
+    ]
+
+
+async def test_session_completions_body(replay_fake: ReplayFake) -> None:
+    run = await replay_fake(trace_of(growing_session("s", 2)))
+    body = run.client.bodies[-1]
+    assert body["model"] == "fake-model"
+    assert len(body["prompt"]) == 3 * 4 + 2
+    assert body["max_tokens"] == 3
+    assert body["ignore_eos"] is True
+    assert body["min_tokens"] == 3
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    # Turn 1 extends turn 0: the shared blocks are byte-identical.
+    assert run.client.bodies[1]["prompt"][:8] == run.client.bodies[0]["prompt"][:8]
+
+
+async def test_session_chat_body_is_text_messages(replay_fake: ReplayFake) -> None:
+    run = await replay_fake(trace_of(growing_session("s", 2)), api="chat")
+    body = run.client.bodies[-1]
+    assert body["messages"][0]["role"] == "system"
+    assert body["messages"][-1]["role"] == "user"
+    assert "prompt" not in body
+
+
+async def test_session_global_prefix_shared_by_subagents(
+    replay_fake: ReplayFake,
+) -> None:
+    # In a global-scope trace, a subagent (read from Weka as "local") shares the
+    # trace-wide namespace of its root: equal hash ids must send equal tokens.
+    sub = session("b/sub", [request(blocks=3)])
+    a = session("a", [request(blocks=3)], scope="global")
+    b = session(
+        "b",
+        [request(blocks=3, first=100)],
+        subagents=[subagent(sub, anchor=0, join=None)],
+        scope="global",
+    )
+    run = await replay_fake(trace_of(a, b))
+    a_prompt, b_prompt, sub_prompt = (body["prompt"] for body in run.client.bodies)
+    assert sub_prompt[:12] == a_prompt[:12]  # hash ids 1..3, 4 tokens each
+    assert b_prompt[:12] != a_prompt[:12]
+
+
+async def test_session_max_inflight_admission(replay_fake: ReplayFake) -> None:
+    trace = trace_of(*(growing_session(f"s{i}", 2) for i in range(6)))
+    run = await replay_fake(trace, schedule=Lanes(concurrency=6), max_inflight=2)
+    assert run.client.max_active == 2
+    assert run.rows["inflight_at_send"].max() == 2
+    assert run.rows["lanes_at_send"].max() == 6
+
+
+async def test_session_warmup_rows_flagged_by_schedule_time(
+    replay_fake: ReplayFake,
+) -> None:
+    trace = trace_of(growing_session("s", 4, think=1.0))
+    run = await replay_fake(trace, warmup_s=1.5)
+    # Turns start at 0, ~1.0 s, ~2.0 s, ~3.0 s (+ 12 ms of streaming each).
+    assert list(run.rows["warmup"]) == [True, True, False, False]
+
+
+async def test_session_large_prompt_built_off_the_loop() -> None:
+    where: list[str] = []
+    endpoint = EndpointConfig(base_url="http://127.0.0.1:9", model="m")
+    make_body = request_body(endpoint)
+
+    def body(fragment: bytes, max_tokens: int) -> bytes:
+        where.append(threading.current_thread().name)
+        return make_body(fragment, max_tokens)
+
+    s = session(
+        "s",
+        [request(blocks=4, block_size=64), request(blocks=300, block_size=64)],
+        block_size=64,
+    )
+    builder = PromptBuilder(Materializer(PromptConfig(salt="x")), body)
+    try:
+        small, _ = await builder.build(s, 0, "s", 0, 3)
+        large, raw = await builder.build(s, 1, "s", 0, 3)
+    finally:
+        builder.close()
+    assert small.prompt_tokens == 256
+    assert large.prompt_tokens == 300 * 64
+    assert where[0] == threading.current_thread().name  # small: on the loop
+    assert where[1].startswith("replayer-prompts")  # large: its own thread
+    assert raw.startswith(b'{"model":"m","prompt":[')
+
+
+def test_session_prompt_blocks_identical_across_threads() -> None:
+    # Small prompts build on the loop while large ones build on a thread, sharing
+    # one block cache: the same block must come out byte-identical either way.
+    m = Materializer(PromptConfig(salt="x"))
+    s = session("s", [request(blocks=200, block_size=64)], block_size=64)
+    results: list[bytes] = []
+
+    def build() -> None:
+        for _ in range(5):
+            results.append(m.prompt(s, 0, "s").fragment)
+
+    threads = [threading.Thread(target=build) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(results)) == 1
+    assert m.hits + m.misses == 20 * 200
+
+
+@pytest.mark.parametrize("scale", [0.0, 2.0])
+async def test_session_think_scale_zero_and_up(
+    replay_fake: ReplayFake, scale: float
+) -> None:
+    run = await replay_fake(
+        trace_of(growing_session("s", 3, think=0.5)), think_scale=scale
+    )
+    g = run.rows
+    gaps = g["start_ns"].to_numpy()[1:] - g["end_ns"].to_numpy()[:-1]
+    assert (gaps == int(0.5 * scale * 1e9)).all()
+    assert np.all(g["status"] == "ok")
