@@ -80,27 +80,27 @@ def replay(
     trace_path = None if isinstance(trace, Trace) else Path(trace)
     if trace_path is None and config.workers > 1:
         raise ConfigError("--workers needs a trace file that each worker reads")
+    # Bad input fails before any server starts; with workers, each reads its own.
+    loaded: Trace | None = trace if isinstance(trace, Trace) else None
+    if trace_path is not None and config.workers == 1:
+        loaded = read_trace(trace_path)
+    meta = RunMeta(
+        run_id=run_id,
+        tool_version=__version__,
+        python=sys.version.split()[0],
+        trace=TraceInfo(
+            path=None if trace_path is None else str(trace_path.absolute()),
+            content_hash=None if trace_path is None else trace_content_hash(trace_path),
+        ),
+    )
     with running_endpoint(config) as (config, sim):
-        meta = RunMeta(
-            run_id=run_id,
-            tool_version=__version__,
-            python=sys.version.split()[0],
-            trace=TraceInfo(
-                path=None if trace_path is None else str(trace_path.absolute()),
-                content_hash=None
-                if trace_path is None
-                else trace_content_hash(trace_path),
-            ),
-            simulated=sim is not None,
-            sim=sim,
-        )
-        if config.workers > 1:
+        meta = replace(meta, simulated=sim is not None, sim=sim)
+        if loaded is None:
             assert trace_path is not None
             return replay_with_workers(trace_path, config, out, meta=meta)
-        loaded = read_trace(trace_path) if trace_path is not None else trace
-        assert isinstance(loaded, Trace)
+        ready: Trace = loaded
         return run_async(
-            lambda: replay_trace(loaded, config, out, meta=meta, progress=progress)
+            lambda: replay_trace(ready, config, out, meta=meta, progress=progress)
         )
 
 
