@@ -21,6 +21,9 @@ from replayer.errors import EndpointError
 from replayer.records import Status
 from replayer.sse import EventFramer, usage_counts
 
+# error_type of an ok row whose server ignored "stream": true.
+NOT_STREAMED = "not_streamed"
+
 # Failures that happen before the server could have seen the request: safe to retry
 # once (a stale keep-alive connection closed by the server is the common case).
 _RETRYABLE_BEFORE_SEND = (
@@ -61,8 +64,10 @@ class ChatClient(Protocol):
         """The served model ids; None when the server has no model list."""
         ...
 
-    async def send(self, body: bytes) -> Outcome:
-        """POST ``body``, stream the response; failures are data, never raised."""
+    async def send(self, body: bytes, out: Outcome | None = None) -> Outcome:
+        """POST ``body``, stream the response into ``out`` (a new one by default);
+        failures are data, never raised. Cancelled, it re-raises; ``out`` then holds
+        what was measured before the cancel."""
         ...
 
 
@@ -122,7 +127,7 @@ class Client:
     async def check(self) -> list[str] | None:
         """GET /v1/models: the served model ids, or None when the server has no such
         route (404). Raises EndpointError when the server is unreachable or refuses."""
-        url = self.endpoint.v1() + "/models"
+        url = self.endpoint.models_url()
         shown = public_url(url)  # credentials in the URL never reach a message
         headers = {k: v for k, v in self._headers.items() if k == "Authorization"}
         try:
@@ -147,9 +152,11 @@ class Client:
         data = obj.get("data") if isinstance(obj, dict) else None
         return [str(m.get("id")) for m in data or () if isinstance(m, dict)]
 
-    async def send(self, body: bytes) -> Outcome:
-        """POST ``body`` and stream the response; failures are recorded, not raised."""
-        out = Outcome()
+    async def send(self, body: bytes, out: Outcome | None = None) -> Outcome:
+        """POST ``body`` and stream the response into ``out``; failures are recorded,
+        not raised. Cancelled, it re-raises, and ``out`` keeps the send time, the first
+        token and the chunks received so far."""
+        out = out if out is not None else Outcome()
         for attempt in range(2):
             out.start_ns = self.clock.now_ns()
             try:
@@ -183,7 +190,12 @@ class Client:
             out.http_status = resp.status
             if resp.status != 200:
                 text = await resp.text(errors="replace")
-                out.fail("http_error", f"HTTP {resp.status}", _error_text(text))
+                # One plain line: error pages are HTML more often than not.
+                out.fail(
+                    "http_error",
+                    f"HTTP {resp.status}",
+                    _one_line(_error_text(text), 300),
+                )
                 return
             if "text/event-stream" not in resp.headers.get("Content-Type", ""):
                 await self._whole(resp, out)
@@ -240,6 +252,12 @@ class Client:
             return
         out.first_token_ns = now
         out.chunk_times_ns.append(now - out.start_ns)
+        # Recorded, and said: TTFT is the whole response time here, not a first token.
+        out.error_type = NOT_STREAMED
+        out.error_message = (
+            "a stream was asked for; the server sent one JSON response "
+            f"({resp.headers.get('Content-Type', 'no Content-Type')})"
+        )
         if isinstance(obj, dict):
             prompt, completion, cached = usage_counts(obj.get("usage"))
             out.server_prompt_tokens = prompt

@@ -3,9 +3,10 @@ down. No global settings; the library never reads the environment."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from replayer.errors import ConfigError
 from traces.materialize import Api, PromptConfig
@@ -52,22 +53,30 @@ class EndpointConfig:
         if self.total_timeout_s is not None and self.total_timeout_s <= 0:
             raise ConfigError(f"total timeout must be > 0 (got {self.total_timeout_s})")
 
-    def v1(self) -> str:
-        """``<base>/v1`` (the base URL may or may not end in /v1)."""
+    def _at(self, path: str) -> str:
+        """The base URL with ``path`` in place of its ``/v1`` (which it may or may
+        not end in); its query string, if any, kept."""
         if self.base_url is None:
             raise ConfigError("no endpoint URL: the simulated endpoint was not started")
-        base = self.base_url.rstrip("/")
-        return base if base.endswith("/v1") else base + "/v1"
+        parts = urlsplit(self.base_url)
+        base = parts.path.rstrip("/")
+        if base.endswith("/v1"):
+            base = base[: -len("/v1")]
+        return urlunsplit(parts._replace(path=base + path))
+
+    def models_url(self) -> str:
+        """``<base>/v1/models``."""
+        return self._at("/v1/models")
 
     def url(self) -> str:
         """The POST URL for the chosen API."""
-        return self.v1() + (
-            "/chat/completions" if self.api == "chat" else "/completions"
+        return self._at(
+            "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
         )
 
-    def server_root(self) -> str:
-        """The server's root (where /metrics lives): the base URL without /v1."""
-        return self.v1()[: -len("/v1")]
+    def metrics_url(self) -> str:
+        """The server's Prometheus ``/metrics`` (at its root, beside ``/v1``)."""
+        return self._at("/metrics")
 
     def as_metadata(self) -> dict[str, Any]:
         """JSON-ready, without the API key or credentials in the URL."""
@@ -77,18 +86,29 @@ class EndpointConfig:
         return d
 
 
+# Query parameters whose values are secrets (api_key, access_token, sig, ...).
+_SECRET_PARAM = re.compile(r"key|token|secret|passw|auth|sig|credential", re.I)
+
+
 def public_url(url: str | None) -> str | None:
-    """``url`` without user:password (never recorded, logged or printed)."""
+    """``url`` as it may be recorded, logged or printed: without user:password, and
+    with the values of key- or token-like query parameters replaced by ``***``."""
     if url is None:
         return None
     parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host + (f":{parts.port}" if parts.port is not None else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    if parts.username is not None or parts.password is not None:
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = host + (f":{parts.port}" if parts.port is not None else "")
+        parts = parts._replace(netloc=netloc)
+    if parts.query:
+        query = [
+            (k, "***" if _SECRET_PARAM.search(k) else v)
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        ]
+        parts = parts._replace(query=urlencode(query, safe="*"))
+    return urlunsplit(parts)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -225,14 +225,6 @@ async def replay_trace(
     interrupted = False
     try:
         async with contextlib.AsyncExitStack() as stack:
-            recorder = await stack.enter_async_context(
-                ParquetRecorder(
-                    run_dir,
-                    worker_id=worker_id,
-                    flush_interval_s=config.flush_interval_s,
-                    metadata=meta,
-                )
-            )
             http: Client | None = None
             chat: ChatClient
             if client is None:
@@ -243,7 +235,17 @@ async def replay_trace(
                 chat = http
             else:
                 chat = client
+            # The endpoint is checked before the run directory is made: a failed
+            # start leaves nothing behind.
             await _check_model(chat, config)
+            recorder = await stack.enter_async_context(
+                ParquetRecorder(
+                    run_dir,
+                    worker_id=worker_id,
+                    flush_interval_s=config.flush_interval_s,
+                    metadata=meta,
+                )
+            )
             write_run_json(run_dir / run_json_name, meta)
             ready = clock.now_ns()
             t0 = await start_gate() if start_gate is not None else ready

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from replayer.clock import Clock
-from replayer.records import RunCounts
+from replayer.records import RunCounts, Status
 from traces.stats import percentiles
 
 _RECENT_TTFTS = 5000  # the status line's P90 is over the latest requests: bounded
@@ -26,24 +26,25 @@ class RunCounters:
 
     inflight: int = 0  # requests sent and not yet ended
     lanes: int = 0  # live session trees
-    ok: int = 0
-    failed: int = 0
-    skipped: int = 0
-    cancelled: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)  # rows put, per status
+    not_streamed: int = 0  # ok rows whose server ignored "stream": true
+    short_output: int = 0  # ok rows with fewer output tokens than max_tokens
     output_tokens: int = 0  # received, ok rows
     recent_ttfts_ns: collections.deque[int] = field(
         default_factory=lambda: collections.deque(maxlen=_RECENT_TTFTS)
     )
 
+    def count(self, status: Status) -> None:
+        """One row recorded with ``status``."""
+        self.by_status[status] = self.by_status.get(status, 0) + 1
+
     def counts(self, trace_requests: int) -> RunCounts:
         """The run.json ``counts``."""
-        return RunCounts(
-            requests=self.ok + self.failed + self.skipped + self.cancelled,
-            ok=self.ok,
-            failed=self.failed,
-            skipped=self.skipped,
-            cancelled=self.cancelled,
+        return RunCounts.of(
+            self.by_status,
             trace_requests=trace_requests,
+            not_streamed=self.not_streamed,
+            short_output=self.short_output,
         )
 
 
@@ -67,14 +68,14 @@ class Progress:
 
     def line(self) -> str:
         c = self.counters
+        n = c.counts(self.total)
         elapsed = (self.clock.now_ns() - self.t0_ns) / 1e9
         (p90_ns,) = percentiles(c.recent_ttfts_ns, [90]) if c.recent_ttfts_ns else [0]
         p90 = f"{p90_ns / 1e6:,.0f} ms" if c.recent_ttfts_ns else "-"
         rate = c.output_tokens / elapsed if elapsed > 0 else 0.0
-        done = c.ok + c.failed + c.skipped + c.cancelled
         return (
-            f"[{elapsed:7.1f}s] done {done:,}/{self.total:,}  in flight {c.inflight}"
-            f"  lanes {c.lanes}  failed {c.failed}  skipped {c.skipped}"
+            f"[{elapsed:7.1f}s] done {n.requests:,}/{self.total:,}  in flight "
+            f"{c.inflight}  lanes {c.lanes}  failed {n.failed}  skipped {n.skipped}"
             f"  P90 TTFT {p90}  {rate:,.0f} out tok/s"
         )
 

@@ -100,6 +100,7 @@ RECORD_SCHEMA = pa.schema(
 )
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+_FAILED = ("http_error", "timeout", "client_error")  # sent, and failed
 
 SERVER_METRICS_SCHEMA = pa.schema(
     [
@@ -158,10 +159,44 @@ class RunCounts:
 
     requests: int = 0  # rows written: ok + failed + skipped + cancelled
     ok: int = 0
-    failed: int = 0  # http_error, timeout, client_error
+    failed: int = 0  # http_error + timeout + client_error
     skipped: int = 0  # never sent: the rest of a session after a failure
     cancelled: int = 0  # cut by Ctrl-C, SIGTERM or --drain cancel
     trace_requests: int = 0  # requests in the (sharded) trace
+    http_error: int = 0
+    timeout: int = 0
+    client_error: int = 0
+    not_streamed: int = 0  # ok rows whose server ignored "stream": true
+    short_output: int = 0  # ok rows with fewer output tokens than max_tokens
+
+    @property
+    def error_rate(self) -> float | None:
+        """failed / (ok + failed): requests sent that ended (None: none did)."""
+        ended = self.ok + self.failed
+        return self.failed / ended if ended else None
+
+    @classmethod
+    def of(
+        cls,
+        by_status: dict[str, int],
+        *,
+        trace_requests: int,
+        not_streamed: int = 0,
+        short_output: int = 0,
+    ) -> RunCounts:
+        """Counts from rows per status."""
+        failed = sum(by_status.get(s, 0) for s in _FAILED)
+        return cls(
+            not_streamed=not_streamed,
+            short_output=short_output,
+            requests=sum(by_status.values()),
+            ok=by_status.get("ok", 0),
+            failed=failed,
+            skipped=by_status.get("skipped", 0),
+            cancelled=by_status.get("cancelled", 0),
+            trace_requests=trace_requests,
+            **{s: by_status.get(s, 0) for s in _FAILED},
+        )
 
     def __add__(self, other: RunCounts) -> RunCounts:
         """Counts of two workers' shards together."""

@@ -39,7 +39,7 @@ class MetricsScraper:
         clock: Clock,
         t0_ns: int,
     ) -> None:
-        self.url = endpoint.server_root() + "/metrics"
+        self.url = endpoint.metrics_url()
         self.session = session
         self.clock = clock
         self.t0_ns = t0_ns

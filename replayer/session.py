@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from replayer.client import NOT_STREAMED, Outcome
 from replayer.config import TraceTimestamps
 from replayer.records import RequestRecord, Status, tpot_ns
 
 if TYPE_CHECKING:
-    from replayer.client import ChatClient, Outcome
+    from replayer.client import ChatClient
     from replayer.clock import Clock
     from replayer.config import EndpointConfig, ReplayConfig
     from replayer.progress import RunCounters
@@ -209,7 +210,7 @@ def _skip_rest(ctx: RunContext, place: _Place, first: int) -> None:
     now_rel = ctx.rel(ctx.clock.now_ns())
     for i in range(first, len(place.session.requests)):
         ctx.recorder.put(_base_record(ctx, place, i, now_rel, "skipped"))
-        ctx.counters.skipped += 1
+        ctx.counters.count("skipped")
     for sub in place.session.subagents:
         # Subagents anchored at the failed request (first - 1) never spawn either.
         if sub.anchor_index >= first - 1:
@@ -265,18 +266,17 @@ async def _request(
     rec.inflight_at_send = counters.inflight + 1
     rec.lanes_at_send = counters.lanes
     counters.inflight += 1
-    outcome: Outcome | None = None
+    outcome = Outcome()
     try:
-        outcome = await ctx.client.send(body)
+        await ctx.client.send(body, outcome)
     except asyncio.CancelledError:
-        now_rel = ctx.rel(ctx.clock.now_ns())
-        rec.status = "cancelled"
-        rec.error_type = "CancelledError"
-        rec.error_message = "cancelled before the response completed"
-        rec.start_ns = rec.start_ns if rec.start_ns is not None else now_rel
-        rec.end_ns = now_rel
+        # Keep what was measured: the real send time, the first token, the chunks.
+        if outcome.start_ns == 0:  # cancelled before the client stamped a send
+            outcome.start_ns = ctx.clock.now_ns()
+        outcome.end_ns = ctx.clock.now_ns()
+        outcome.fail("cancelled", "CancelledError", "cancelled before the end")
+        _fill(ctx, rec, outcome)
         ctx.recorder.put(rec)
-        counters.cancelled += 1
         raise
     finally:
         counters.inflight -= 1
@@ -300,10 +300,11 @@ def _fill(ctx: RunContext, rec: RequestRecord, out: Outcome) -> None:
     rec.server_prompt_tokens = out.server_prompt_tokens
     rec.cached_tokens = out.cached_tokens
     rec.chunk_times_ns = out.chunk_times_ns
+    received = out.status in ("ok", "cancelled")  # chunks count as tokens then
     rec.output_tokens = (
         out.completion_tokens
         if out.completion_tokens is not None
-        else (len(out.chunk_times_ns) if out.status == "ok" else None)
+        else (len(out.chunk_times_ns) if received else None)
     )
     if out.first_token_ns is not None:
         rec.first_token_ns = rel(out.first_token_ns)
@@ -316,10 +317,12 @@ def _fill(ctx: RunContext, rec: RequestRecord, out: Outcome) -> None:
     ):
         rec.tpot_ns = tpot_ns(rec.e2e_ns, rec.ttft_ns, rec.output_tokens)
     counters = ctx.counters
+    counters.count(rec.status)
     if rec.status == "ok":
-        counters.ok += 1
+        if out.error_type == NOT_STREAMED:
+            counters.not_streamed += 1
+        if (rec.output_tokens or 0) < rec.requested_output_tokens:
+            counters.short_output += 1
         counters.output_tokens += rec.output_tokens or 0
         if rec.ttft_ns is not None:
             counters.recent_ttfts_ns.append(rec.ttft_ns)
-    else:
-        counters.failed += 1

@@ -209,11 +209,12 @@ class FakeChatClient:
     async def check(self) -> list[str] | None:
         return self.models
 
-    async def send(self, body: bytes) -> Outcome:
+    async def send(self, body: bytes, out: Outcome | None = None) -> Outcome:
         obj = json.loads(body)
         self.bodies.append(obj)
         clock = self.clock
-        out = Outcome(start_ns=clock.now_ns())
+        out = out if out is not None else Outcome()
+        out.start_ns = clock.now_ns()
         if len(self.bodies) in self.fail:
             out.http_status = 500
             out.fail("http_error", "HTTP 500", "injected failure")

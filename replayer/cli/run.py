@@ -15,6 +15,14 @@ from replayer.cli.errors import errors_as_messages, interrupted
 
 if TYPE_CHECKING:
     from replayer.config import ReplayConfig
+    from replayer.progress import RunSummary
+
+
+class GateFailed(click.ClickException):
+    """The run finished but failed its error gate: exit status 1."""
+
+    exit_code = 1
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -220,6 +228,12 @@ def _replay_options(f: F) -> F:
             metavar="ARGS",
             help="Options for the built-in simulator, e.g. '--speed 10'.",
         ),
+        click.option(
+            "--max-error-rate",
+            type=click.FloatRange(min=0, max=1),
+            help="Exit status 1 when failed / (ok + failed) exceeds this "
+            "(default: only a run with no ok request fails).",
+        ),
         click.option("--quiet", is_flag=True, help="No progress line."),
     ]
     for option in reversed(options):
@@ -342,6 +356,67 @@ def _check_ray(opts: dict[str, Any]) -> None:
         )
 
 
+# Flags that only mean something beside another one: (flag, needs, because).
+_NEEDS: tuple[tuple[str, str, str], ...] = (
+    ("speedup", "timestamps", "--speedup scales trace time: it needs --timestamps"),
+    ("arrival", "session_rate", "--arrival shapes --session-rate arrivals"),
+    ("burstiness", "session_rate", "--burstiness shapes --session-rate arrivals"),
+    ("drain", "duration_s", "--drain says what happens at the --duration end"),
+    ("sim_args", "!endpoint", "--sim-args configure the built-in simulator, "
+     "which does not run with --endpoint"),
+)  # fmt: skip
+
+
+def _reject_idle_flags(opts: dict[str, Any]) -> None:
+    """A flag that would do nothing in the chosen mode is an error, not a no-op."""
+    ctx = click.get_current_context()
+    for name, needs, because in _NEEDS:
+        source = ctx.get_parameter_source(name)
+        if source not in (
+            click.core.ParameterSource.COMMANDLINE,
+            click.core.ParameterSource.ENVIRONMENT,
+        ):
+            continue
+        given = bool(opts.get(needs.lstrip("!")) not in (None, False, ""))
+        if given == needs.startswith("!"):
+            raise click.UsageError(because)
+    if (
+        ctx.get_parameter_source("burstiness") == click.core.ParameterSource.COMMANDLINE
+        and opts["arrival"] != "gamma"
+    ):
+        raise click.UsageError("--burstiness is the shape of --arrival gamma")
+
+
+def _gate(summaries: list[RunSummary], max_error_rate: float | None) -> None:
+    """Warnings about what a server ignored; exit status 1 when the error gate
+    fails (default: a run without one ok request)."""
+    for s in summaries:
+        c = s.counts
+        if c.not_streamed:
+            click.echo(
+                f"warning: {s.run_dir}: {c.not_streamed:,} responses were not streamed "
+                '(the server ignored "stream": true; their TTFT is their E2E)',
+                err=True,
+            )
+        if c.short_output:
+            click.echo(
+                f"warning: {s.run_dir}: {c.short_output:,} responses had fewer output "
+                "tokens than max_tokens (does the server honour ignore_eos/min_tokens?"
+                " else pass --no-vllm-extras and expect shorter outputs)",
+                err=True,
+            )
+    for s in summaries:
+        rate = s.counts.error_rate
+        if s.counts.ok == 0:
+            raise GateFailed(f"{s.run_dir}: no request succeeded ({s.one_line()})")
+        if max_error_rate is not None and rate is not None and rate > max_error_rate:
+            raise GateFailed(
+                f"{s.run_dir}: error rate {rate:.1%} is above --max-error-rate "
+                f"{max_error_rate:.1%} ({s.counts.failed:,} of "
+                f"{s.counts.ok + s.counts.failed:,} requests failed)"
+            )
+
+
 @click.command()
 @click.argument(
     "trace_path", metavar="TRACE", type=click.Path(exists=True, path_type=Path)
@@ -368,6 +443,7 @@ def run(
     run_dir = out or Path("runs") / run_id
     with errors_as_messages():
         _check_ray(opts)
+        _reject_idle_flags(opts)
         config = build_config(
             opts,
             endpoint=opts["endpoint"],
@@ -385,6 +461,7 @@ def run(
         except KeyboardInterrupt:
             interrupted(run_dir)
     click.echo(summary.one_line())
+    _gate([summary], opts["max_error_rate"])
 
 
 def _levels(text: str) -> list[int]:
@@ -422,8 +499,14 @@ def sweep(trace_path: Path, levels: str, out: Path, **opts: Any) -> None:
     from replayer.sweep import run_sweep
 
     concurrency = _levels(levels)
+    if opts["session_rate"] is not None or opts["timestamps"]:
+        raise click.UsageError(
+            "a sweep varies --concurrency: --session-rate and --timestamps do not apply"
+        )
+    summaries = []
     with errors_as_messages():
         _check_ray(opts)
+        _reject_idle_flags(opts)
         config = build_config(
             opts, endpoint=opts["endpoint"], model=opts["model"], concurrency=None
         )
@@ -436,5 +519,7 @@ def sweep(trace_path: Path, levels: str, out: Path, **opts: Any) -> None:
                 progress=None if opts["quiet"] else sys.stderr,
             ):
                 click.echo(f"{name}: {summary.one_line()}")
+                summaries.append(summary)
         except KeyboardInterrupt:
             interrupted(out)
+    _gate(summaries, opts["max_error_rate"])

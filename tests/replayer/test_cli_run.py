@@ -153,9 +153,17 @@ def test_cli_run_interrupt_flushes_and_exits_130(
     assert "interrupted" in err
     assert "Traceback" not in err
     df = pd.read_parquet(run_dir / "requests")
-    assert (df["status"] == "cancelled").sum() >= 1
     assert (df["status"] == "ok").sum() >= 1
-    assert json.loads((run_dir / "run.json").read_text())["interrupted"] is True
+    cancelled = df[df["status"] == "cancelled"]
+    assert len(cancelled) >= 1
+    # Cancelled rows keep their real send time and what they had received.
+    assert (cancelled["start_ns"] < cancelled["end_ns"]).all()
+    assert cancelled["first_token_ns"].notna().any()
+    assert (cancelled["output_tokens"] >= 0).all()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["interrupted"] is True
+    assert meta["counts"]["cancelled"] == len(cancelled)
+    assert meta["counts"]["requests"] == len(df)
 
 
 def test_cli_sweep_runs_one_dir_per_level(tmp_path: Path) -> None:
@@ -331,25 +339,42 @@ def test_cli_run_workers_share_one_zero_and_one_run_dir(tmp_path: Path) -> None:
     assert meta["trace"]["requests"] == meta["counts"]["trace_requests"] == 16
 
 
-def test_cli_api_key_is_never_written(tmp_path: Path) -> None:
+def test_cli_secrets_never_written_or_printed(tmp_path: Path) -> None:
+    # An API key (flag), a key in the URL's query and a password in its user info:
+    # none may reach any file of the run, the output or an error message.
+    from replayer.sim.process import running_sim
+
     trace = _small_trace(tmp_path / "t.jsonl", sessions=1, turns=2)
-    run_dir = tmp_path / "run"
-    secret = "sk-cli-secret-42"
-    res = _cli(
-        "run",
-        str(trace),
-        "--api-key",
-        secret,
-        "--out",
-        str(run_dir),
-        "--sim-args",
-        "--speed 50",
-    )
-    assert res.returncode == 0, res.stderr
-    assert secret not in res.stdout + res.stderr
-    for f in run_dir.rglob("*"):
-        if f.is_file():
-            assert secret.encode() not in f.read_bytes(), f
+    secrets = ["sk-cli-secret-42", "q-secret-43", "u-secret-44"]
+    outputs: list[str] = []
+    with running_sim(["--speed", "50"]) as url:
+        runs = [
+            (f"{url}/v1?api_key={secrets[1]}&x=1", ["--api-key", secrets[0]]),
+            (url.replace("http://", f"http://user:{secrets[2]}@"), []),
+        ]
+        for k, (endpoint, extra) in enumerate(runs):
+            res = _cli(
+                "run", str(trace), "--endpoint", endpoint, "--model", "sim",
+                "--out", str(tmp_path / f"run{k}"), *extra,
+            )  # fmt: skip
+            assert res.returncode == 0, res.stderr
+            outputs.append(res.stdout + res.stderr)
+            bad = _cli(
+                "run", str(trace), "--endpoint", endpoint, "--model", "nope",
+                "--out", str(tmp_path / f"bad{k}"), *extra,
+            )  # fmt: skip
+            assert bad.returncode == 2
+            assert "does not serve model" in bad.stderr
+            assert not (tmp_path / f"bad{k}").exists()  # a failed start leaves none
+            outputs.append(bad.stdout + bad.stderr)
+    meta = json.loads((tmp_path / "run0" / "run.json").read_text())
+    assert meta["endpoint"].endswith("/v1?api_key=***&x=1")
+    for secret in secrets:
+        for text in outputs:
+            assert secret not in text
+        for f in tmp_path.rglob("*"):
+            if f.is_file() and f.name != "t.jsonl":
+                assert secret.encode() not in f.read_bytes(), f
 
 
 def _worker_pids(parent: int) -> list[int]:
@@ -419,3 +444,55 @@ def test_cli_run_killed_worker_stops_the_run_and_keeps_rows(tmp_path: Path) -> N
     df = pd.read_parquet(run_dir / "requests")
     assert sorted(df["worker_id"].unique()) == [0, 1]  # the dead one's flushed rows
     assert json.loads((run_dir / "run.json").read_text())["error"].startswith("worker")
+
+
+def test_cli_run_error_gate_sets_the_exit_status(tmp_path: Path) -> None:
+    trace = _small_trace(tmp_path / "t.jsonl", sessions=2, turns=2)
+    every = _cli(
+        "run", str(trace), "--out", str(tmp_path / "all"), "--quiet",
+        "--sim-args", "--speed 50 --fail-rate 1",
+    )  # fmt: skip
+    assert every.returncode == 1, every.stderr
+    assert every.stderr.startswith("Error: ")
+    assert "no request succeeded" in every.stderr
+    assert (tmp_path / "all" / "requests").is_dir()  # the rows are kept
+    some = _cli(
+        "run", str(trace), "--out", str(tmp_path / "some"), "--quiet",
+        "--concurrency", "2", "--max-error-rate", "0.01",
+        "--sim-args", "--speed 50 --fail-rate 0.5 --seed 3",
+    )  # fmt: skip
+    df = pd.read_parquet(tmp_path / "some" / "requests")
+    failed = df["status"].isin(["http_error", "timeout", "client_error"]).sum()
+    assert failed > 0  # seeded: the sim fails some requests and serves others
+    assert (df["status"] == "ok").any()
+    assert some.returncode == 1, some.stderr
+    assert "above --max-error-rate" in some.stderr
+    ok = _cli(
+        "run", str(trace), "--out", str(tmp_path / "fine"), "--quiet",
+        "--max-error-rate", "0", "--sim-args", "--speed 50",
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--speedup", "2"], "--speedup scales trace time"),
+        (["--session-rate", "1", "--burstiness", "2"], "--arrival gamma"),
+        (["--arrival", "gamma"], "--arrival shapes"),
+        (["--drain", "cancel"], "--drain says"),
+        (["--endpoint", "http://127.0.0.1:9", "--sim-args", "--speed 2"], "--sim-args"),
+    ],
+)
+def test_cli_run_rejects_flags_that_do_nothing(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    from click.testing import CliRunner
+
+    from replayer.cli import main
+
+    trace = _small_trace(tmp_path / "t.jsonl", sessions=1, turns=1)
+    res = CliRunner().invoke(main, ["run", str(trace), "--quiet", *flags])
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+    assert not Path("runs").exists() or not any(Path("runs").iterdir())

@@ -160,3 +160,45 @@ def test_launch_config_rejects_contradictions() -> None:
         EndpointConfig(base_url="http://u:pw@127.0.0.1:1", api_key="k")
     assert "pw" not in str(info.value)
     assert PromptConfig().salt == ""
+
+
+async def test_launch_counts_what_the_server_ignored_and_keeps_errors_plain(
+    aiohttp_server: Serve, tmp_path: Path
+) -> None:
+    # A server that ignores "stream" and max_tokens (one JSON response, 1 token) is
+    # counted, never silently ok; an HTML error page becomes one plain line.
+    from aiohttp import web
+
+    calls = 0
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "fake-model"}]})
+
+    async def complete(request: web.Request) -> web.Response:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            page = "<html><body><h1>500 Internal Server Error</h1>\n<p>boom</p></body></html>"
+            return web.Response(status=500, text=page, content_type="text/html")
+        usage = {"prompt_tokens": 10, "completion_tokens": 1}
+        return web.json_response({"choices": [{"text": "x"}], "usage": usage})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", complete)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    trace = trace_of(growing_session("a", 1), growing_session("b", 1))
+    summary = await replay_trace(
+        trace, engine_config(f"http://127.0.0.1:{server.port}"), tmp_path / "run"
+    )
+    df = pd.read_parquet(tmp_path / "run" / "requests").sort_values("start_ns")
+    ok, failed = df.iloc[0], df.iloc[1]
+    assert ok["status"] == "ok"
+    assert ok["error_type"] == "not_streamed"
+    assert ok["output_tokens"] == 1
+    assert summary.counts.not_streamed == 1
+    assert summary.counts.short_output == 1
+    assert failed["status"] == "http_error"
+    assert failed["error_message"] == "500 Internal Server Error boom"
+    assert summary.counts.http_error == 1
+    assert summary.counts.error_rate == 0.5

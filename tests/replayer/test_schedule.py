@@ -91,12 +91,12 @@ async def test_schedule_gamma_arrivals_follow_vllm_convention(
 async def test_schedule_duration_cancel_cuts_in_flight_requests(
     replay_fake: ReplayFake,
 ) -> None:
-    # Each request: 3 tokens, 50 ms apart → 150 ms. At 320 ms every lane is 20 ms
-    # into its third request.
+    # Each request: 3 tokens at 10, 80 and 150 ms. At 320 ms every lane is 20 ms into
+    # its third request, whose first token came at 310 ms.
     trace = trace_of(*(growing_session(f"d{i}", 5) for i in range(3)))
     run = await replay_fake(
         trace,
-        client={"ttft_ns": 50 * MS, "itl_ns": 50 * MS},
+        client={"ttft_ns": 10 * MS, "itl_ns": 70 * MS},
         schedule=Lanes(concurrency=3),
         duration_s=0.32,
         drain="cancel",
@@ -109,6 +109,13 @@ async def test_schedule_duration_cancel_cuts_in_flight_requests(
     ).all()
     cancelled = df[df["status"] == "cancelled"]
     assert (cancelled["end_ns"] == 320 * MS).all()
+    # What was measured before the cancel stays: the real send, the first token.
+    assert (cancelled["start_ns"] == 300 * MS).all()
+    assert (cancelled["first_token_ns"] == 310 * MS).all()
+    assert (cancelled["ttft_ns"] == 10 * MS).all()
+    assert (cancelled["e2e_ns"] == 20 * MS).all()
+    assert (cancelled["output_tokens"] == 1).all()
+    assert [list(c) for c in cancelled["chunk_times_ns"]] == [[10 * MS]] * 3
     assert run.summary.counts.cancelled == 3
     assert run.summary.counts.requests == len(df) == 9
 
