@@ -20,8 +20,10 @@ from analysis.errors import AnalysisError
 from replayer.records import (
     RECORD_SCHEMA,
     RUN_METADATA_KEY,
+    SERVER_METRICS_RAW_DIR,
     SERVER_METRICS_SCHEMA,
     RunMeta,
+    server_metrics_table,
 )
 from traces.model import Trace
 
@@ -170,27 +172,68 @@ def load_run(path: str | Path, *, columns: Sequence[str] | None = None) -> Run:
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     if meta is None:
         problems.append("no run.json: metadata unavailable")
+    run_meta = RunMeta.from_dict(meta) if meta is not None else RunMeta()
+    server_metrics = _load_server_metrics(path, run_meta, problems)
     return Run(
         path=path,
         requests=records_frame(table),
-        meta=RunMeta.from_dict(meta) if meta is not None else RunMeta(),
-        server_metrics=_load_server_metrics(path / "server_metrics.parquet", problems),
+        meta=run_meta,
+        server_metrics=server_metrics,
         problems=tuple(problems),
     )
 
 
-def _load_server_metrics(path: Path, problems: list[str]) -> pd.DataFrame:
+def _load_server_metrics(
+    run_dir: Path, meta: RunMeta, problems: list[str]
+) -> pd.DataFrame:
+    """``server_metrics.parquet``; for a run that did not finish, the raw scrapes it
+    had flushed; and a note in ``problems`` whenever there are none to read."""
     empty: pd.DataFrame = SERVER_METRICS_SCHEMA.empty_table().to_pandas()
-    if not path.exists():
-        return empty
+    path = run_dir / "server_metrics.parquet"
+    raw_parts = sorted((run_dir / SERVER_METRICS_RAW_DIR).glob("raw-*.parquet"))
     try:
-        table = pq.read_table(path)
-        table = table.select(SERVER_METRICS_SCHEMA.names).cast(SERVER_METRICS_SCHEMA)
+        if path.exists():
+            table = pq.read_table(path)
+            table = table.select(SERVER_METRICS_SCHEMA.names).cast(
+                SERVER_METRICS_SCHEMA
+            )
+        elif raw_parts:
+            tables = []
+            for part in raw_parts:
+                parsed, _bad = server_metrics_table(pq.read_table(part))
+                tables.append(parsed)
+            table = pa.concat_tables(tables)
+            problems.append(
+                f"server metrics read from {len(raw_parts)} raw scrape file(s): "
+                "the run did not finish (the last flush interval may be missing)"
+            )
+        else:
+            problems.append(_no_metrics_reason(meta))
+            return empty
     except (OSError, KeyError, pa.ArrowException) as exc:
         problems.append(f"{path.name}: unreadable, skipped ({exc})")
         return empty
     metrics: pd.DataFrame = table.to_pandas()
     return metrics
+
+
+def _no_metrics_reason(meta: RunMeta) -> str:
+    """Why a run has no server metrics, as far as its run.json tells."""
+    account = meta.server_metrics
+    if account is None:
+        if meta.config.get("scrape_interval_s") == 0:
+            return "no server metrics: scraping was off"
+        if not meta.complete:
+            return "no server metrics: none flushed before the run stopped"
+        return "no server metrics recorded"
+    if account.get("available") is False:
+        return f"no server metrics: {account.get('url')} serves no Prometheus text"
+    if not account.get("scrapes"):
+        return "no server metrics: no scrape succeeded"
+    return (
+        f"no server metrics: {account['scrapes']} scrapes were taken, but "
+        "server_metrics.parquet is missing"
+    )
 
 
 def is_sweep(path: str | Path) -> bool:

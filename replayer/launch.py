@@ -277,7 +277,15 @@ async def replay_trace(
             )
             await clock.sleep_until(t0)  # workers share a zero slightly in the future
             scraper = (
-                MetricsScraper(config.endpoint, http.session, clock, t0)
+                MetricsScraper(
+                    config.endpoint,
+                    http.session,
+                    clock,
+                    t0,
+                    run_dir=run_dir,
+                    worker_id=worker_id,
+                    flush_interval_s=config.flush_interval_s,
+                )
                 if http is not None and config.scrape_interval_s > 0
                 else None
             )
@@ -305,9 +313,12 @@ async def replay_trace(
                 )
                 recorder.set_metadata(meta)
                 if scraper is not None:
+                    # The server's metrics are a side dish: never worth rows.
                     with contextlib.suppress(RecorderError):
-                        # The server's metrics are a side dish: never worth rows.
-                        await asyncio.shield(asyncio.to_thread(scraper.write, run_dir))
+                        await asyncio.shield(scraper.flush())
+                        await asyncio.shield(asyncio.to_thread(scraper.finish))
+                    meta = replace(meta, server_metrics=scraper.account())
+                    recorder.set_metadata(meta)
                 write_run_json(run_dir / run_json_name, meta)
     finally:
         prompts.close()

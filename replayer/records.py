@@ -13,6 +13,7 @@ never 0. Import-light: pyarrow only, no aiohttp.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
@@ -112,6 +113,58 @@ SERVER_METRICS_SCHEMA = pa.schema(
 )
 
 RUN_METADATA_KEY = b"replayer.run"  # Parquet key-value metadata: RunMeta as JSON
+
+# While a run goes on, scrapes land raw in ``server_metrics/raw-<worker>-<seq>.parquet``
+# every flush interval (a kill -9 loses at most the last interval); the run's end
+# parses them into ``server_metrics.parquet`` and removes the folder.
+SERVER_METRICS_RAW_DIR = "server_metrics"
+SERVER_METRICS_RAW_SCHEMA = pa.schema(
+    [
+        ("scrape_ns", pa.int64()),  # run-relative perf-counter ns
+        ("body", pa.string()),  # the /metrics response, Prometheus text format
+    ]
+)
+
+
+def parse_metrics(text: str) -> list[tuple[str, str, float]]:
+    """(sample name, labels JSON, value) for every sample in a Prometheus text body.
+
+    Raises:
+        ValueError: not Prometheus text.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: list[tuple[str, str, float]] = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = json.dumps(dict(sorted(sample.labels.items())))
+            out.append((sample.name, labels, float(sample.value)))
+    return out
+
+
+def server_metrics_table(raw: pa.Table) -> tuple[pa.Table, int]:
+    """Raw scrapes (SERVER_METRICS_RAW_SCHEMA) → samples (SERVER_METRICS_SCHEMA), and
+    how many bodies could not be parsed."""
+    rows: list[tuple[int, str, str, float]] = []
+    bad = 0
+    for now, body in zip(
+        raw.column("scrape_ns").to_pylist(), raw.column("body").to_pylist(), strict=True
+    ):
+        try:
+            samples = parse_metrics(body or "")
+        except ValueError:
+            bad += 1
+            continue
+        rows.extend((now, name, labels, value) for name, labels, value in samples)
+    columns: list[list[Any]] = [[], [], [], []]
+    for row in rows:
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    arrays = [
+        pa.array(c, type=f.type)
+        for c, f in zip(columns, SERVER_METRICS_SCHEMA, strict=True)
+    ]
+    return pa.Table.from_arrays(arrays, schema=SERVER_METRICS_SCHEMA), bad
 
 
 def tpot_ns(e2e_ns: int, ttft_ns: int, output_tokens: int) -> int:
@@ -249,6 +302,9 @@ class RunMeta:
     error: str | None = None  # why the run stopped early (a worker that died ...)
     counts: RunCounts | None = None
     recorder: dict[str, Any] | None = None  # queue depth, flush errors
+    # The scraper's account: {"url", "available", "scrapes", "errors"} (None: not
+    # scraped, or the run did not finish).
+    server_metrics: dict[str, Any] | None = None
     materializer: dict[str, Any] | None = None  # block cache statistics
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -74,7 +74,7 @@ def replay(
 
 def scrape(url: str) -> dict[tuple[str, str], float]:
     """{(sample name, labels JSON): value} of the server's /metrics now."""
-    from replayer.scrape import parse_metrics
+    from replayer.records import parse_metrics
 
     with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as resp:
         text = resp.read().decode()

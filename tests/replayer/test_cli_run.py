@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -496,3 +497,59 @@ def test_cli_run_rejects_flags_that_do_nothing(
     assert res.exit_code == 2, res.output
     assert message in res.output
     assert not Path("runs").exists() or not any(Path("runs").iterdir())
+
+
+@pytest.mark.timeout(180)
+def test_cli_run_kill_9_keeps_rows_and_server_metrics(tmp_path: Path) -> None:
+    trace = _small_trace(tmp_path / "t.jsonl", sessions=4, turns=40, out=50)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            *REPLAYER, "run", str(trace), "--concurrency", "4", "--out", str(run_dir),
+            "--quiet", "--sim-args", "--speed 1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its simulator goes down with it
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            rows = list((run_dir / "requests").glob("part-*.parquet"))
+            raw = list((run_dir / "server_metrics").glob("raw-*.parquet"))
+            if len(rows) >= 2 and len(raw) >= 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None
+        time.sleep(random.uniform(0, 2))  # any moment between flushes
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert not (run_dir / "server_metrics.parquet").exists()  # it never finished
+    res = _cli("analyze", str(run_dir), "--json")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["ok"] > 0
+    assert summary["cache_hit_rate"]["prometheus"] is not None
+    assert any("raw scrape" in p for p in summary["run"]["problems"])
+    text = _cli("analyze", str(run_dir))
+    assert "cache hit: prometheus" in text.stdout
+    assert "raw scrape" in text.stdout
+
+
+def test_cli_run_server_metrics_written_once_at_the_end(tmp_path: Path) -> None:
+    trace = _small_trace(tmp_path / "t.jsonl", sessions=2, turns=2)
+    run_dir = tmp_path / "run"
+    res = _cli(
+        "run", str(trace), "--out", str(run_dir), "--quiet", "--sim-args", "--speed 50"
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert (run_dir / "server_metrics.parquet").is_file()
+    assert not (run_dir / "server_metrics").exists()  # raw parts merged and removed
+    account = json.loads((run_dir / "run.json").read_text())["server_metrics"]
+    assert account["available"] is True
+    assert account["scrapes"] >= 2
+    metrics = pd.read_parquet(run_dir / "server_metrics.parquet")
+    assert metrics["scrape_ns"].nunique() == account["scrapes"]

@@ -178,7 +178,7 @@ async def test_launch_counts_what_the_server_ignored_and_keeps_errors_plain(
         nonlocal calls
         calls += 1
         if calls == 2:
-            page = "<html><body><h1>500 Internal Server Error</h1>\n<p>boom</p></body></html>"
+            page = "<html><body><h1>500 Internal Server Error</h1>\n<p>boom</p></body>"
             return web.Response(status=500, text=page, content_type="text/html")
         usage = {"prompt_tokens": 10, "completion_tokens": 1}
         return web.json_response({"choices": [{"text": "x"}], "usage": usage})
