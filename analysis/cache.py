@@ -163,17 +163,18 @@ def tree_cache(requests: pd.DataFrame) -> pd.DataFrame:
 def miss_impact(requests: pd.DataFrame, *, tolerance_tokens: int) -> dict[str, Any]:
     """Which requests missed what the trace allowed, and how much P90 TTFT they explain.
 
-    A miss: missed_tokens ≥ ``tolerance_tokens`` (one block: servers cache whole
-    blocks of their own size, so a smaller shortfall is rounding). Population: rows
-    of :func:`request_cache` that report cached_tokens (all figures null when none
-    does). ``ttft_p90_ms_full_hit``/``_with_miss``: P90 TTFT of rows without/with a
-    miss; ``slow_with_miss_fraction``: of rows with TTFT at or above the P90, the
-    share with a miss; ``slow_missed_tokens_fraction``: their share of all missed
-    tokens.
+    A miss: missed_tokens > ``tolerance_tokens`` (one server block: servers cache
+    whole blocks of their own size, so a shortfall up to one is rounding).
+    Population: rows of :func:`request_cache` that report cached_tokens (all figures
+    null when none does). ``ttft_p90_ms_full_hit``/``_with_miss``: P90 TTFT of rows
+    without/with a miss; ``slow_with_miss_fraction``: of rows with TTFT at or above
+    the P90, the share with a miss; ``slow_missed_tokens_fraction``: their share of
+    all missed tokens.
     """
     rep = requests[requests["cached_tokens"].notna()]
     if rep.empty:
         return {
+            "tolerance_tokens": tolerance_tokens,
             "requests_reporting": 0,
             "requests_with_miss": None,
             "missed_tokens": None,
@@ -183,11 +184,12 @@ def miss_impact(requests: pd.DataFrame, *, tolerance_tokens: int) -> dict[str, A
             "slow_with_miss_fraction": NAN,
         }
     missed = rep["missed_tokens"].clip(lower=0)
-    miss = (missed >= tolerance_tokens).to_numpy()
+    miss = (missed > tolerance_tokens).to_numpy()
     ttft = rep["ttft_ms"].to_numpy()
     p90 = percentile(ttft, 90)
     slow = ttft >= p90
     return {
+        "tolerance_tokens": tolerance_tokens,
         "requests_reporting": len(rep),
         "requests_with_miss": int(miss.sum()),
         "missed_tokens": float(missed[miss].sum()),

@@ -9,6 +9,7 @@ those not flagged ``warmup``.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -191,21 +192,65 @@ def itl_ms(df: pd.DataFrame) -> FloatArray:
     fewer than two chunks contributes no gap. A chunk carrying several tokens counts
     as one gap (what a user sees).
     """
-    keep = measured_ok(df)
+    values, rows = _chunk_stamps(df)
+    if values.size < 2:
+        return np.zeros(0, dtype=np.float64)
+    within = rows[1:] == rows[:-1]  # gap k joins chunks k and k+1 of one request
+    gaps: FloatArray = np.diff(values)[within] / _NS_PER_MS
+    return gaps
+
+
+def _chunk_stamps(
+    df: pd.DataFrame,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
+    """Every content chunk's arrival (flat) and its row, for ok, measured rows."""
     arr = pa.array(df["chunk_times_ns"])  # Arrow-backed column: no Python objects
     lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy()
     values = pc.list_flatten(arr).to_numpy()  # null lists contribute nothing
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    keep = np.repeat(measured_ok(df), lengths)
+    return values[keep], rows[keep]
+
+
+def itl_coalesced_share(df: pd.DataFrame) -> float:
+    """Share of chunk gaps that are 0 ns: chunks that arrived in one network read
+    and share its stamp. A large share means :func:`itl_ms` percentiles sit at 0
+    and say little; read :func:`itl_spread_ms` beside them.
+
+    Formula: (gaps == 0) / gaps, over the gaps of :func:`itl_ms`. Population: that
+    of :func:`itl_ms`. NaN with no gap.
+    """
+    values, rows = _chunk_stamps(df)
+    if values.size < 2:
+        return NAN
+    within = rows[1:] == rows[:-1]
+    gaps = np.diff(values)[within]
+    return float((gaps == 0).mean()) if gaps.size else NAN
+
+
+def itl_spread_ms(df: pd.DataFrame) -> FloatArray:
+    """Inter-token latency with each network read's wait spread over the chunks it
+    delivered, ms: honest where chunks arrive coalesced.
+
+    Formula: for each read after a request's first (chunks sharing a stamp), (its
+    stamp - the previous read's stamp) / (chunks in it), once per chunk. Chunks that
+    came with the first one contribute nothing (TTFT covers them). The mean equals
+    that of :func:`itl_ms` over the same span; the percentiles no longer collapse to
+    0. Population: ok, measured rows.
+    """
+    values, rows = _chunk_stamps(df)
     if values.size < 2:
         return np.zeros(0, dtype=np.float64)
-    # Gap k joins values k and k+1: valid when both are in one kept row, i.e. k+1
-    # does not start a row and k's row is kept.
-    within = np.ones(values.size - 1, dtype=bool)
-    starts = np.cumsum(lengths)[:-1]  # flat index where each following row begins
-    starts = starts[(starts > 0) & (starts < values.size)]
-    within[starts - 1] = False
-    within &= np.repeat(keep, lengths)[:-1]
-    gaps: npt.NDArray[np.float64] = np.diff(values)[within] / _NS_PER_MS
-    return gaps
+    starts = np.ones(values.size, dtype=bool)  # a chunk that starts a read
+    starts[1:] = (values[1:] != values[:-1]) | (rows[1:] != rows[:-1])
+    first = np.flatnonzero(starts)
+    count = np.diff(np.append(first, values.size))  # chunks per read
+    stamp, row = values[first], rows[first]
+    same_row = np.zeros(first.size, dtype=bool)
+    same_row[1:] = row[1:] == row[:-1]  # reads after the request's first one
+    wait = np.diff(stamp, prepend=stamp[:1]).astype(np.float64)
+    spread: FloatArray = np.repeat(wait[same_row] / count[same_row], count[same_row])
+    return spread / _NS_PER_MS
 
 
 def interactivity_tok_s(df: pd.DataFrame) -> dict[str, float]:
@@ -433,6 +478,20 @@ def lru_hit_rate(df: pd.DataFrame, lru: npt.NDArray[np.float64]) -> float:
     """
     keep = measured_ok(df)
     return hit_rate(lru[keep], column(df, "prompt_tokens")[keep])
+
+
+PROM_CACHE_CONFIG = "vllm:cache_config_info"
+
+
+def server_block_tokens(server_metrics: pd.DataFrame) -> int | None:
+    """The server's KV-cache block size in tokens, from vLLM's
+    ``vllm:cache_config_info{block_size=...}`` (None when not exposed)."""
+    rows = server_metrics[server_metrics["metric"] == PROM_CACHE_CONFIG]
+    for labels in rows["labels"].drop_duplicates():
+        value = json.loads(labels).get("block_size")
+        if value is not None and str(value).isdigit() and int(value) > 0:
+            return int(value)
+    return None
 
 
 PROM_HITS = "vllm:prefix_cache_hits_total"

@@ -35,6 +35,8 @@ class Summary:
     ttft_ms: dict[str, float]
     tpot_ms: dict[str, float]
     itl_ms: dict[str, float]
+    itl_spread_ms: dict[str, float]  # each read's wait spread over its chunks
+    itl_coalesced_share: float  # share of chunk gaps that are 0 ns
     e2e_ms: dict[str, float]
     interactivity_tok_s: dict[str, float]  # p50, p90 (p90 = the slow end)
     e2e_norm_interactivity_tok_s: float
@@ -54,6 +56,8 @@ class Summary:
             "ttft_ms": self.ttft_ms,
             "tpot_ms": self.tpot_ms,
             "itl_ms": self.itl_ms,
+            "itl_spread_ms": self.itl_spread_ms,
+            "itl_coalesced_share": self.itl_coalesced_share,
             "e2e_ms": self.e2e_ms,
             "interactivity_tok_s": self.interactivity_tok_s,
             "e2e_norm_interactivity_tok_s": self.e2e_norm_interactivity_tok_s,
@@ -128,11 +132,15 @@ def summarize(
     kv_capacity_tokens: int | None = None,
     host_capacity_tokens: int | None = None,
     trace: Trace | None = None,
+    server_block_tokens: int | None = None,
 ) -> Summary:
     """The headline figures of ``run`` (see each metric's population in ``metrics``).
 
     ``gpus`` overrides run.json's ``labels.gpus`` for per-GPU throughput. With
     ``kv_capacity_tokens`` the LRU estimate needs ``trace`` (the replayed trace).
+    ``server_block_tokens`` is the server's KV block size (default: what its
+    ``vllm:cache_config_info`` says); a request misses its ideal hit only when it
+    falls short by more than one server block, since servers cache whole blocks.
 
     Raises:
         AnalysisError: an LRU estimate was asked for without the trace.
@@ -148,6 +156,11 @@ def summarize(
         ),
     }
     block = block_tokens_of(run, trace)
+    # Servers cache whole blocks of their own size: a shortfall within one of them
+    # is rounding, not a miss. Unknown server block: the replay's.
+    tolerance = (
+        server_block_tokens or m.server_block_tokens(run.server_metrics) or block
+    )
     if kv_capacity_tokens is not None:
         if trace is None:
             raise AnalysisError(
@@ -178,6 +191,8 @@ def summarize(
         ttft_ms=m.describe(m.ttft_ms(df)),
         tpot_ms=tpot,
         itl_ms=m.describe(m.itl_ms(df)),
+        itl_spread_ms=m.describe(m.itl_spread_ms(df)),
+        itl_coalesced_share=m.itl_coalesced_share(df),
         e2e_ms=m.describe(m.e2e_ms(df)),
         # = m.interactivity_tok_s(df), from the TPOT percentiles already computed.
         interactivity_tok_s={q: _per_s(tpot[q]) for q in ("p50", "p90")},
@@ -189,7 +204,7 @@ def summarize(
             "p99": lag_p99,
         },
         cache_hit_rate=rates,
-        cache_misses=miss_impact(per_request, tolerance_tokens=block),
+        cache_misses=miss_impact(per_request, tolerance_tokens=tolerance),
         session_trees=_trees(df),
         goodput=m.goodput(df, slo) if slo is not None else None,
         gpus=gpus,

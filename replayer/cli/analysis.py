@@ -42,6 +42,7 @@ def _summaries(
     kv_capacity_tokens: int | None,
     host_capacity_tokens: int | None,
     trace: Path | None,
+    server_block_tokens: int | None,
 ) -> list[dict[str, Any]]:
     from analysis.load import load_trace_for
     from analysis.summary import summarize
@@ -56,6 +57,7 @@ def _summaries(
             kv_capacity_tokens=kv_capacity_tokens,
             host_capacity_tokens=host_capacity_tokens,
             trace=tr,
+            server_block_tokens=server_block_tokens,
         )
         out.append(s.as_dict())
     return out
@@ -102,6 +104,12 @@ _ANALYSIS_OPTIONS = (
         "--trace",
         type=click.Path(exists=True, path_type=Path),
         help="The replayed trace, if run.json's trace.path moved.",
+    ),
+    click.option(
+        "--server-block-tokens",
+        type=click.IntRange(min=1),
+        help="The server's KV block size, for the ideal-hit check "
+        "[its vllm:cache_config_info, else the replay's block size].",
     ),
 )
 

@@ -60,10 +60,16 @@ class EngineStats:
     tpot_s: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS_S))
 
 
-def render_metrics(stats: EngineStats, model: str) -> str:
+def render_metrics(stats: EngineStats, model: str, *, block_size: int = 16) -> str:
     """Prometheus text exposition (format 0.0.4) of ``stats``."""
     label = f'model_name="{_escape(model)}"'
-    out: list[str] = []
+    out: list[str] = [
+        # vLLM's info gauge: its labels say how the cache is laid out.
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+        "# TYPE vllm:cache_config_info gauge",
+        f'vllm:cache_config_info{{block_size="{block_size}",'
+        'enable_prefix_caching="True",simulated="True"} 1.0',
+    ]
 
     def scalar(name: str, kind: str, help: str, value: float) -> None:
         out.append(f"# HELP {name} {help}")

@@ -179,7 +179,9 @@ async def _models(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     sim = request.app[SIM_KEY]
-    text = render_metrics(sim.engine.stats, sim.config.model)
+    text = render_metrics(
+        sim.engine.stats, sim.config.model, block_size=sim.config.block_size
+    )
     return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -120,3 +121,31 @@ def _empty() -> pa.Table:
     from replayer.records import RECORD_SCHEMA
 
     return RECORD_SCHEMA.empty_table()
+
+
+def test_miss_counts_only_shortfalls_beyond_one_server_block(
+    tmp_path: Path,
+) -> None:
+    # Replayed with 4-token blocks against a server caching 16-token blocks: the
+    # server rounds down to its blocks, so 10 tokens short is no miss, 20 is.
+    from analysis.load import load_run
+    from analysis.summary import summarize
+    from tests.analysis.conftest import write_run_dir
+    from tests.builders import make_record
+
+    rows = [
+        make_record(request_index=i, ttft_ns=1_000_000, e2e_ns=2_000_000,
+                    ideal_cached_tokens=800, cached_tokens=800 - short,
+                    output_tokens=10, end_ns=2_000_000)
+        for i, short in enumerate((0, 10, 20))
+    ]  # fmt: skip
+    info = (0, "vllm:cache_config_info", {"block_size": "16"}, 1.0)
+    run_dir = write_run_dir(tmp_path / "run", rows, server_metrics=[info])
+    run = load_run(run_dir)
+    misses = summarize(run).cache_misses
+    assert misses["tolerance_tokens"] == 16
+    assert misses["requests_with_miss"] == 1
+    assert misses["missed_tokens"] == 20
+    told = summarize(run, server_block_tokens=4).cache_misses
+    assert told["tolerance_tokens"] == 4
+    assert told["requests_with_miss"] == 2

@@ -260,3 +260,25 @@ def test_prometheus_hit_rate_from_counter_deltas() -> None:
     # After warm-up (baseline = scrape at 1000): (200 + 100) / (600 + 200).
     assert m.prometheus_hit_rate(sm, since_ns=1000) == pytest.approx(300 / 800)
     assert np.isnan(m.prometheus_hit_rate(sm.iloc[0:0]))
+
+
+def test_itl_coalesced_chunks_are_counted_and_spread(
+    rec: Callable[..., RequestRecord],
+) -> None:
+    # Request 1: chunks at 10, 10, 10 (one read), 40, 70, 70 ms; request 2: 5, 25 ms.
+    rows = [
+        rec(request_index=0, chunk_times_ns=[10 * MS, 10 * MS, 10 * MS, 40 * MS,
+                                             70 * MS, 70 * MS]),
+        rec(request_index=1, chunk_times_ns=[5 * MS, 25 * MS]),
+    ]  # fmt: skip
+    df = records_frame(records_to_table(rows))
+    raw = m.itl_ms(df)
+    assert sorted(raw.tolist()) == [0, 0, 0, 20, 30, 30]  # half the gaps are 0 ns
+    assert m.itl_coalesced_share(df) == 0.5
+    spread = m.itl_spread_ms(df)
+    # The 40 ms read waited 30 ms for 1 chunk; the 70 ms read 30 ms for 2 chunks;
+    # the chunks that came with each first token contribute nothing.
+    assert sorted(spread.tolist()) == [15, 15, 20, 30]
+    assert spread.sum() == pytest.approx(raw[raw > 0].sum())
+    assert m.percentile(spread, 50) == pytest.approx(17.5)
+    assert m.percentile(raw, 50) == pytest.approx(10.0)
