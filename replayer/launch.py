@@ -95,6 +95,8 @@ def replay(
     )
     with running_endpoint(config) as (config, sim):
         meta = replace(meta, simulated=sim is not None, sim=sim)
+        if sim is not None and loaded is not None:
+            meta = replace(meta, warnings=sim_fit_warnings(loaded, config, sim))
         if loaded is None:
             assert trace_path is not None
             return replay_with_workers(trace_path, config, out, meta=meta)
@@ -102,6 +104,35 @@ def replay(
         return run_async(
             lambda: replay_trace(ready, config, out, meta=meta, progress=progress)
         )
+
+
+def sim_fit_warnings(
+    trace: Trace, config: ReplayConfig, sim: dict[str, Any]
+) -> list[str]:
+    """Whether the built-in simulator's KV cache holds what the replay keeps live:
+    with N lanes, about the N largest session trees' longest prompts (as sent)."""
+    schedule = config.schedule
+    capacity = int(sim.get("kv_capacity_tokens") or 0)
+    if not isinstance(schedule, Lanes) or capacity <= 0:
+        return []
+    peaks = []
+    for root in trace.sessions:
+        peak = 0
+        for s, _ in root.walk():
+            scale = (config.prompt.block_tokens or s.block_size) / s.block_size
+            for r in s.requests:
+                peak = max(peak, int(r.input_tokens * scale))
+        peaks.append(min(peak, config.prompt.max_input_tokens or peak))
+    live = sum(sorted(peaks, reverse=True)[: schedule.concurrency])
+    if live <= capacity:
+        return []
+    return [
+        f"the simulated endpoint's KV cache ({capacity:,} tokens) is smaller than "
+        f"what {schedule.concurrency} live session trees hold (~{live:,} tokens): "
+        "prefixes will be evicted and recomputed. Shrink contexts with "
+        "--block-tokens, or give the simulator room with "
+        "--sim-args '--kv-capacity-tokens N'"
+    ]
 
 
 @contextlib.contextmanager
@@ -330,6 +361,7 @@ async def replay_trace(
         counts=meta.counts,
         duration_s=meta.duration_s,
         interrupted=interrupted,
+        warnings=tuple(meta.warnings),
     )
 
 

@@ -107,6 +107,7 @@ class RunSummary:
     interrupted: bool
     p90_ttft_ms: float | None  # ok, measured rows
     output_tok_s: float  # ok rows' output tokens / duration
+    warnings: tuple[str, ...] = ()  # about the setup (run.json ``warnings``)
 
     @property
     def requests(self) -> int:
@@ -143,6 +144,7 @@ def summarize_run(
     counts: RunCounts,
     duration_s: float,
     interrupted: bool,
+    warnings: tuple[str, ...] = (),
 ) -> RunSummary:
     """The summary of a run directory, from its part files (every worker's): the
     headline figures come from what was recorded, never from in-memory lists."""
@@ -168,4 +170,5 @@ def summarize_run(
         interrupted=interrupted,
         p90_ttft_ms=p90,
         output_tok_s=out_tokens / duration_s if duration_s > 0 else 0.0,
+        warnings=warnings,
     )

@@ -300,6 +300,7 @@ class RunMeta:
     duration_s: float | None = None
     interrupted: bool | None = None
     error: str | None = None  # why the run stopped early (a worker that died ...)
+    warnings: list[str] = field(default_factory=list)  # said before the run started
     counts: RunCounts | None = None
     recorder: dict[str, Any] | None = None  # queue depth, flush errors
     # The scraper's account: {"url", "available", "scrapes", "errors"} (None: not

@@ -149,6 +149,14 @@ def _replay_options(f: F) -> F:
             help="Token ids used for prompt content (MIN-MAX, MAX exclusive).",
         ),
         click.option(
+            "--prompt-cache-mb",
+            type=click.IntRange(min=0),
+            default=256,
+            show_default=True,
+            help="Bound on the cache of encoded prompt blocks (later turns of a "
+            "session reuse their prefix's blocks); 0: no cache.",
+        ),
+        click.option(
             "--no-vllm-extras",
             is_flag=True,
             help="Do not send ignore_eos/min_tokens (servers that reject them).",
@@ -328,6 +336,7 @@ def build_config(
             salt=salt,
             token_min=lo,
             token_max=hi,
+            cache_bytes=opts["prompt_cache_mb"] << 20,
             block_tokens=opts["block_tokens"],
             max_input_tokens=opts["max_input_tokens"],
             tokenizer=opts["tokenizer"],
@@ -391,6 +400,8 @@ def _gate(summaries: list[RunSummary], max_error_rate: float | None) -> None:
     """Warnings about what a server ignored; exit status 1 when the error gate
     fails (default: a run without one ok request)."""
     for s in summaries:
+        for warning in s.warnings:
+            click.echo(f"warning: {warning}", err=True)
         c = s.counts
         if c.not_streamed:
             click.echo(

@@ -553,3 +553,25 @@ def test_cli_run_server_metrics_written_once_at_the_end(tmp_path: Path) -> None:
     assert account["scrapes"] >= 2
     metrics = pd.read_parquet(run_dir / "server_metrics.parquet")
     assert metrics["scrape_ns"].nunique() == account["scrapes"]
+
+
+def test_cli_run_warns_when_the_sim_cache_is_too_small(tmp_path: Path) -> None:
+    trace = _small_trace(tmp_path / "t.jsonl", sessions=4, turns=4)  # 325 tokens max
+    run_dir = tmp_path / "run"
+    res = _cli(
+        "run", str(trace), "--concurrency", "4", "--out", str(run_dir), "--quiet",
+        "--prompt-cache-mb", "1",
+        "--sim-args", "--speed 50 --kv-capacity-tokens 1024 --max-model-len 512",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "warning: the simulated endpoint's KV cache (1,024 tokens)" in res.stderr
+    assert "~1,300 tokens" in res.stderr
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert len(meta["warnings"]) == 1
+    assert meta["config"]["prompt"]["cache_bytes"] == 1 << 20
+    roomy = _cli(
+        "run", str(trace), "--concurrency", "4", "--out", str(tmp_path / "ok"),
+        "--quiet", "--sim-args", "--speed 50",
+    )  # fmt: skip
+    assert roomy.returncode == 0, roomy.stderr
+    assert "warning" not in roomy.stderr

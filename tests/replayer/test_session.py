@@ -240,3 +240,19 @@ async def test_session_think_scale_zero_and_up(
     gaps = g["start_ns"].to_numpy()[1:] - g["end_ns"].to_numpy()[:-1]
     assert (gaps == int(0.5 * scale * 1e9)).all()
     assert np.all(g["status"] == "ok")
+
+
+def test_session_prompt_cache_stays_within_its_bound() -> None:
+    # --prompt-cache-mb: the encoded-block cache never holds more than asked.
+    bound = 20_000
+    m = Materializer(PromptConfig(salt="x", cache_bytes=bound))
+    for k in range(30):
+        s = session(f"s{k}", [request(blocks=50, first=k * 100, block_size=64)],
+                    block_size=64)  # fmt: skip
+        m.prompt(s, 0, s.session_id)
+        assert m._cache_bytes <= bound  # the bound is the point
+    assert m.misses == 30 * 50
+    none = Materializer(PromptConfig(salt="x", cache_bytes=0))
+    s = session("s", [request(blocks=5, block_size=64)], block_size=64)
+    assert none.prompt(s, 0, "s").fragment == m.prompt(s, 0, "s").fragment
+    assert none._cache_bytes == 0
