@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from analysis import metrics as m
@@ -53,6 +54,11 @@ def _figure(rows: int = 1, height: float = 3.2) -> tuple[Any, Any]:
 
 def cdf_plot(runs: Sequence[Run], metric: str) -> str:
     """CDF of per-request ``ttft_ms`` or ``e2e_ms``, one line per run."""
+    return _png(cdf_figure(runs, metric))
+
+
+def cdf_figure(runs: Sequence[Run], metric: str) -> Any:
+    """The figure of :func:`cdf_plot`."""
     fn = m.ttft_ms if metric == "ttft_ms" else m.e2e_ms
     fig, (ax,) = _figure()
     for run in runs:
@@ -60,12 +66,16 @@ def cdf_plot(runs: Sequence[Run], metric: str) -> str:
         if v.size:
             ax.plot(v, np.arange(1, v.size + 1) / v.size, label=run.name)
     ax.axhline(0.9, color="#999", lw=0.8, ls="--")
-    ax.set_xlabel(f"{metric.removesuffix('_ms').upper()} (ms)")
+    # Log time: latencies span orders of magnitude, and on a linear axis the body
+    # of the distribution sits in a sliver left of the tail.
+    if ax.has_data() and ax.dataLim.x0 > 0:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"{metric.removesuffix('_ms').upper()} (ms, log scale)")
     ax.set_ylabel("fraction of requests")
     ax.set_title(f"{metric.removesuffix('_ms').upper()} CDF (ok, measured requests)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    return _png(fig)
+    return fig
 
 
 def pareto_plot(table: pd.DataFrame) -> str:
@@ -96,9 +106,44 @@ def _counter_rate(sm: pd.DataFrame, num: str, den: str) -> pd.Series:
     return ratio[b > 0]
 
 
+def _binned_output_rate(
+    df: pd.DataFrame, end: npt.NDArray[np.float64], bins: int = 200
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Output tok/s per time bin (bin starts in s, rates). Each ok request's tokens
+    are spread evenly from its first token to its end; a bin's rate is the tokens
+    that fall in it over its width, so a burst of chunks read at once shows as what
+    it is, not as an instant spike of hundreds of thousands of tok/s."""
+    ok = m.has_status(df, "ok")
+    first = m.column(df, "first_token_ns")
+    out = np.nan_to_num(m.column(df, "output_tokens"))
+    dec = ok & ~np.isnan(first) & ~np.isnan(end) & (out > 0)
+    lo, hi, n = first[dec], np.maximum(end[dec], first[dec]), out[dec]
+    if lo.size == 0:
+        return np.zeros(1), np.zeros(1)
+    t0, t1 = float(lo.min()), float(hi.max())
+    edges = np.linspace(t0, t1 if t1 > t0 else t0 + 1.0, bins + 1)
+    # Tokens emitted by time t: the integral of the summed rates, piecewise linear
+    # between the start and end events; evaluated at the bin edges.
+    span = np.maximum(hi - lo, 1.0)
+    rate = n / span
+    times = np.concatenate([lo, hi])
+    order = np.argsort(times, kind="stable")
+    times = times[order]
+    slope = np.cumsum(np.concatenate([rate, -rate])[order])
+    emitted = np.concatenate([[0.0], np.cumsum(slope[:-1] * np.diff(times))])
+    at_edges = np.interp(edges, times, emitted)
+    width_s = np.diff(edges) / _NS_PER_S
+    return edges[:-1] / _NS_PER_S, np.diff(at_edges) / width_s
+
+
 def timeline_plot(run: Run) -> str:
     """Output throughput and in-flight requests over time, plus the scraped server
     KV usage and per-interval prefix-cache hit rate when present."""
+    return _png(timeline_figure(run))
+
+
+def timeline_figure(run: Run) -> Any:
+    """The figure of :func:`timeline_plot`."""
     df = run.requests
     start = m.column(df, "start_ns")
     end = m.column(df, "end_ns")
@@ -108,18 +153,8 @@ def timeline_plot(run: Run) -> str:
     has_server = not sm.empty
     fig, axes = _figure(rows=3 if has_server else 2, height=2.4)
     if sent.any():
-        # Each ok request decodes its output tokens evenly from first token to end:
-        # +rate at its first token, -rate at its end; the running sum is tok/s.
-        ok = m.has_status(df, "ok") & sent
-        first = m.column(df, "first_token_ns")
-        out = np.nan_to_num(m.column(df, "output_tokens"))
-        span = (end - first) / _NS_PER_S
-        dec = ok & ~np.isnan(first) & (span > 0)
-        rate = out[dec] / span[dec]
-        t = np.concatenate([first[dec], end[dec]])
-        order = np.argsort(t, kind="stable")
-        steps = np.concatenate([rate, -rate])[order]
-        axes[0].step(t[order] / _NS_PER_S, np.cumsum(steps), where="post")
+        t, tok_s = _binned_output_rate(df, end)
+        axes[0].step(t, tok_s, where="post")
         events = np.concatenate([start[sent], end[sent]])
         steps = np.concatenate([np.ones(sent.sum()), -np.ones(sent.sum())])
         order = np.argsort(events, kind="stable")
@@ -145,25 +180,86 @@ def timeline_plot(run: Run) -> str:
     axes[-1].set_xlabel("run time (s)")
     for ax in axes:
         ax.grid(alpha=0.3)
-    return _png(fig)
+    return fig
 
 
 def hit_plot(summaries: Sequence[dict[str, Any]]) -> str:
-    """Ideal vs achieved prefix-cache hit rate per run (server, Prometheus, LRU)."""
-    kinds = ("ideal", "server", "prometheus", "lru")
+    """Ideal vs achieved prefix-cache hit rate per run (server, Prometheus, LRU):
+    only the kinds some run has, each bar labelled with its value, and an axis
+    zoomed to the values (96.3% beside 96.4% must read as different)."""
+    return _png(hit_figure(summaries))
+
+
+def hit_figure(summaries: Sequence[dict[str, Any]]) -> Any:
+    """The figure of :func:`hit_plot`."""
+    kinds = [
+        kind
+        for kind in ("ideal", "server", "prometheus", "lru")
+        if any(_finite(s["cache_hit_rate"].get(kind)) for s in summaries)
+    ]
     fig, (ax,) = _figure()
+    if not kinds:
+        ax.set_title("Ideal (trace) vs achieved hit rate: no run has one")
+        return fig
     x = np.arange(len(summaries))
     width = 0.8 / len(kinds)
+    shown: list[float] = []
     for k, kind in enumerate(kinds):
         vals = [s["cache_hit_rate"].get(kind) for s in summaries]
-        vals = [np.nan if v is None else v for v in vals]
-        ax.bar(x + k * width, vals, width, label=kind)
+        vals = [v if _finite(v) else np.nan for v in vals]
+        bars = ax.bar(x + k * width, vals, width, label=kind)
+        ax.bar_label(
+            bars, labels=[f"{v:.1%}" if np.isfinite(v) else "" for v in vals],
+            fontsize="x-small", padding=2,
+        )  # fmt: skip
+        shown += [v for v in vals if np.isfinite(v)]
     ax.set_xticks(x + width * (len(kinds) - 1) / 2)
     ax.set_xticklabels([s["run"]["name"] for s in summaries])
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("prefix-cache hit rate")
+    low, high = min(shown), max(shown)
+    pad = max(0.01, (high - low) * 0.25)
+    ax.set_ylim(max(0.0, low - pad), min(1.0, high + pad) + pad / 2)
+    ax.yaxis.set_major_formatter(
+        lambda v, _pos: f"{v:.0%}" if pad > 0.05 else f"{v:.1%}"
+    )
+    ax.set_ylabel("prefix-cache hit rate (axis zoomed)")
     ax.set_title("Ideal (trace) vs achieved hit rate")
-    ax.legend(fontsize="small")
+    # Outside the axes: a legend inside covers a bar.
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and bool(np.isfinite(value))
+
+
+def position_plot(summary: dict[str, Any]) -> str:
+    """TTFT p90 and the prefix hit rates by turn bucket, for one run."""
+    rows = summary.get("by_turn") or []
+    fig, axes = _figure(rows=2, height=2.6)
+    labels = [str(r["group"]) for r in rows]
+    x = np.arange(len(rows))
+    axes[0].plot(x, [r["ttft_ms_p90"] for r in rows], "o-", label="TTFT p90")
+    axes[0].plot(x, [r["ttft_ms_p50"] for r in rows], "o-", label="TTFT p50")
+    axes[0].set_ylabel("ms")
+    axes[0].set_title(f"By turn within the session: {summary['run']['name']}")
+    for key, label in (
+        ("hit_rate_ideal", "ideal"),
+        ("hit_rate_server", "server"),
+        ("hit_rate_lru", "lru"),
+    ):
+        vals = [r.get(key) for r in rows]
+        if any(_finite(v) for v in vals):
+            axes[1].plot(
+                x, [v if _finite(v) else np.nan for v in vals], "o-", label=label
+            )
+    axes[1].set_ylabel("prefix hit rate")
+    axes[1].set_xlabel("turn index")
+    for ax in axes:
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, fontsize="small")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _png(fig)
 
 
@@ -223,6 +319,29 @@ def render_html(
         )
     parts.append("<h2>KV cache: ideal vs achieved</h2>")
     parts.append(hit_plot(summaries))
+    parts.append("<h2>By turn and subagent depth</h2>")
+    for s in summaries:
+        parts.append(position_plot(s))
+        for key, title in (("by_turn", "turn"), ("by_depth", "subagent depth")):
+            by: list[dict[str, Any]] = s.get(key) or []
+            lru = any("hit_rate_lru" in r for r in by)
+            parts.append(
+                _table(
+                    [title, "requests", "TTFT p50 (ms)", "TTFT p90 (ms)",
+                     "E2E p90 (ms)", "hit server", "hit ideal",
+                     *(["hit LRU"] if lru else [])],
+                    [
+                        [str(r["group"]), fmt_value(r["requests"], "int"),
+                         fmt_value(r["ttft_ms_p50"], "num"),
+                         fmt_value(r["ttft_ms_p90"], "num"),
+                         fmt_value(r["e2e_ms_p90"], "num"),
+                         fmt_value(r["hit_rate_server"], "pct"),
+                         fmt_value(r["hit_rate_ideal"], "pct"),
+                         *([fmt_value(r.get("hit_rate_lru"), "pct")] if lru else [])]
+                        for r in by
+                    ],
+                )
+            )  # fmt: skip
     parts.append("<h2>Timelines</h2>")
     parts.extend(timeline_plot(run) for run in runs)
     parts.append("</body></html>")

@@ -15,6 +15,7 @@ import pandas as pd
 
 from analysis import metrics as m
 from analysis.cache import lru_cached_tokens, miss_impact, request_cache
+from analysis.depth import by_depth, by_turn
 from analysis.errors import AnalysisError
 from analysis.load import Run, block_tokens_of
 from analysis.sessions import session_trees
@@ -45,6 +46,8 @@ class Summary:
     cache_hit_rate: dict[str, Any]  # server, ideal, prometheus, lru? (+ capacity)
     cache_misses: dict[str, Any]
     session_trees: dict[str, Any]
+    by_turn: list[dict[str, Any]]  # per turn bucket: latency and hit rates
+    by_depth: list[dict[str, Any]]  # per subagent depth: the same
     goodput: dict[str, Any] | None = None
     gpus: int | None = None
 
@@ -66,6 +69,8 @@ class Summary:
             "cache_hit_rate": self.cache_hit_rate,
             "cache_misses": self.cache_misses,
             "session_trees": self.session_trees,
+            "by_turn": self.by_turn,
+            "by_depth": self.by_depth,
             "gpus": self.gpus,
         }
         if self.goodput is not None:
@@ -206,6 +211,8 @@ def summarize(
         cache_hit_rate=rates,
         cache_misses=miss_impact(per_request, tolerance_tokens=tolerance),
         session_trees=_trees(df),
+        by_turn=by_turn(df, lru),
+        by_depth=by_depth(df, lru),
         goodput=m.goodput(df, slo) if slo is not None else None,
         gpus=gpus,
     )

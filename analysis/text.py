@@ -129,6 +129,35 @@ def format_summaries(summaries: Sequence[dict[str, Any]]) -> str:
     return "\n".join([_grid(header, body), *notes])
 
 
+_POSITION_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("requests", "requests", "int"),
+    ("TTFT p50", "ttft_ms_p50", "num"),
+    ("TTFT p90", "ttft_ms_p90", "num"),
+    ("E2E p90", "e2e_ms_p90", "num"),
+    ("prompt", "prompt_tokens_mean", "int"),
+    ("hit server", "hit_rate_server", "pct"),
+    ("hit ideal", "hit_rate_ideal", "pct"),
+    ("hit LRU", "hit_rate_lru", "pct"),
+)
+
+
+def format_positions(summary: dict[str, Any]) -> str:
+    """The by-turn and by-subagent-depth tables of one run (latencies in ms)."""
+    parts = []
+    for key, title in (("by_turn", "turn"), ("by_depth", "subagent depth")):
+        rows = summary.get(key) or []
+        cols = [c for c in _POSITION_COLUMNS if any(c[1] in r for r in rows)]
+        if not rows:
+            continue
+        header = [title, *(c[0] for c in cols)]
+        body = [
+            [str(r["group"]), *(fmt_value(r.get(k), kind) for _, k, kind in cols)]
+            for r in rows
+        ]
+        parts.append(_grid(header, body))
+    return "\n\n".join(parts)
+
+
 def format_sweep(table: pd.DataFrame) -> str:
     """The per-level sweep table with the Pareto front marked."""
     unit = "output tok/s/GPU" if bool(table["per_gpu"].all()) else "output tok/s"

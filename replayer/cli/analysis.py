@@ -132,7 +132,7 @@ def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
     each level's Pareto flag.
     """
     from analysis.sweep import sweep_table
-    from analysis.text import format_summaries, format_sweep
+    from analysis.text import format_positions, format_summaries, format_sweep
     from replayer.cli.output import echo_json
 
     with errors_as_messages():
@@ -158,6 +158,8 @@ def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
         )
         return
     click.echo(format_summaries(summaries))
+    if len(summaries) == 1 and not sweeps:
+        click.echo("\n" + format_positions(summaries[0]))
     for p, table in tables:
         click.echo(f"\nsweep {p} (* = on the Pareto front)")
         click.echo(format_sweep(table))
