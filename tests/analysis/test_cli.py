@@ -232,8 +232,9 @@ def test_report_is_self_contained_html(
     assert "Pareto front" in page or "Sweep" in page
     assert 'src="http' not in page  # nothing external
     pngs = _pngs(page)
-    # TTFT CDF, E2E CDF, Pareto, hit rates, 3 timelines.
-    assert len(pngs) == 7
+    # TTFT CDF, E2E CDF, Pareto, hit rates, 3 by-turn plots, 3 timelines.
+    assert len(pngs) == 10
+    assert page.count("<th>subagent depth</th>") == 3
     assert all(p.startswith(b"\x89PNG\r\n\x1a\n") and len(p) > 1000 for p in pngs)
     _screenshot(out, tmp_path)
 
