@@ -1,9 +1,12 @@
-"""Builders shared by the test packages: traces (requests, sessions, subagent trees)
-and request records, with dull defaults that a test overrides where it matters."""
+"""Builders shared by the test packages: traces (requests, sessions, subagent trees),
+request records and agent log records, with dull defaults that a test overrides where
+it matters."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -174,3 +177,120 @@ def timed_record(
         output_tokens=out,
         **fields,
     )
+
+
+# -- agent logs (Claude Code, Codex) ----------------------------------------------
+
+_LOG_EPOCH = 1_780_000_000.0  # a fixed instant; logs give times as ISO-8601 strings
+
+
+def iso(t: float) -> str:
+    """ISO-8601 UTC time (millisecond precision, ``Z``) ``t`` seconds after a fixed
+    epoch, as agent logs write times."""
+    from datetime import UTC, datetime
+
+    stamp = datetime.fromtimestamp(_LOG_EPOCH + t, tz=UTC)
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def record_view(path: Path) -> list[dict[str, Any]]:
+    """The records of a TraceLab "record view" file (JSON records between
+    ``===== record NNNN =====`` separators), in order."""
+    import re
+
+    parts = re.split(r"^===== record \d+ =====\s*$", path.read_text(), flags=re.M)
+    return [json.loads(p) for p in parts[1:]]
+
+
+def write_jsonl(path: Path, records: Iterable[Mapping[str, Any]]) -> Path:
+    """``records`` as a JSONL log at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def claude_user(
+    t: float,
+    content: str | list[dict[str, Any]],
+    *,
+    session: str = "sess-1",
+    sidechain: bool = False,
+    agent: str | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """A Claude Code ``user`` record: a prompt (str) or content blocks."""
+    rec: dict[str, Any] = {
+        "type": "user",
+        "isSidechain": sidechain,
+        "sessionId": session,
+        "timestamp": iso(t),
+        "message": {"role": "user", "content": content},
+    }
+    if agent is not None:
+        rec["agentId"] = agent
+    rec.update(fields)
+    return rec
+
+
+def claude_assistant(
+    t: float,
+    msg_id: str,
+    blocks: list[dict[str, Any]],
+    usage: tuple[int, int, int, int],
+    *,
+    session: str = "sess-1",
+    sidechain: bool = False,
+    agent: str | None = None,
+    model: str = "claude-sonnet-4-5-20250929",
+    stop: str | None = "tool_use",
+) -> dict[str, Any]:
+    """A Claude Code ``assistant`` record of message ``msg_id``; ``usage`` is
+    (input_tokens, cache_creation_input_tokens, cache_read_input_tokens,
+    output_tokens)."""
+    uncached, write, read, out = usage
+    rec: dict[str, Any] = {
+        "type": "assistant",
+        "isSidechain": sidechain,
+        "sessionId": session,
+        "timestamp": iso(t),
+        "message": {
+            "id": msg_id,
+            "role": "assistant",
+            "model": model,
+            "content": blocks,
+            "stop_reason": stop,
+            "usage": {
+                "input_tokens": uncached,
+                "cache_creation_input_tokens": write,
+                "cache_read_input_tokens": read,
+                "output_tokens": out,
+            },
+        },
+    }
+    if agent is not None:
+        rec["agentId"] = agent
+    return rec
+
+
+def codex_record(t: float, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """A Codex rollout record (``session_meta``, ``response_item``, ``event_msg``)."""
+    return {"timestamp": iso(t), "type": kind, "payload": payload}
+
+
+def codex_token_count(
+    t: float, last: tuple[int, int, int], total: tuple[int, int, int]
+) -> dict[str, Any]:
+    """A Codex ``token_count`` event; ``last``/``total`` are (input_tokens,
+    cached_input_tokens, output_tokens)."""
+
+    def usage(u: tuple[int, int, int]) -> dict[str, int]:
+        return {
+            "input_tokens": u[0],
+            "cached_input_tokens": u[1],
+            "output_tokens": u[2],
+            "reasoning_output_tokens": 0,
+            "total_tokens": u[0] + u[2],
+        }
+
+    info = {"total_token_usage": usage(total), "last_token_usage": usage(last)}
+    return codex_record(t, "event_msg", {"type": "token_count", "info": info})
