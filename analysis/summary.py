@@ -160,6 +160,10 @@ def summarize(
             run.server_metrics, run.meta.measure_start_ns
         ),
     }
+    if run.meta.trace.provider_cache_hit_rate is not None:
+        # An imported agent log: what its own provider served from cache, beside
+        # what this server did with the same traffic.
+        rates["provider"] = run.meta.trace.provider_cache_hit_rate
     block = block_tokens_of(run, trace)
     # Servers cache whole blocks of their own size: a shortfall within one of them
     # is rounding, not a miss. Unknown server block: the replay's.

@@ -70,6 +70,7 @@ ROWS: tuple[tuple[str, Getter, str], ...] = (
     ("dispatch lag p99 (ms)", _get("dispatch_lag_ms", "p99"), "num"),
     ("cache hit: server", _get("cache_hit_rate", "server"), "pct"),
     ("cache hit: prometheus", _get("cache_hit_rate", "prometheus"), "pct"),
+    ("cache hit: agent's provider (log)", _get("cache_hit_rate", "provider"), "pct"),
     ("cache hit: ideal (trace)", _get("cache_hit_rate", "ideal"), "pct"),
     ("cache hit: LRU estimate", _get("cache_hit_rate", "lru"), "pct"),
     ("requests missing ideal hit", _get("cache_misses", "requests_with_miss"), "int"),

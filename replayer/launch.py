@@ -186,6 +186,19 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
         raise KeyboardInterrupt from None
 
 
+def provider_cache_hit_rate(trace: Trace) -> float | None:
+    """Σ ``provider_cached_tokens`` / Σ input over the requests that carry it (an
+    imported agent log's own cache accounting); None when none does."""
+    cached = total = 0
+    for session, _ in trace.all_sessions():
+        for r in session.requests:
+            value = r.extra.get("provider_cached_tokens")
+            if isinstance(value, int) and not isinstance(value, bool):
+                cached += value
+                total += r.input_tokens
+    return cached / total if total else None
+
+
 def _run_meta(
     template: RunMeta, trace: Trace, config: ReplayConfig, ideal_rate: float | None
 ) -> RunMeta:
@@ -200,6 +213,7 @@ def _run_meta(
             requests=trace.request_count(),
             ideal_cache_hit_rate=ideal_rate,
             block_size=block_sizes[0] if block_sizes else None,
+            provider_cache_hit_rate=provider_cache_hit_rate(trace),
         ),
         endpoint=public_url(config.endpoint.base_url),
         model=config.endpoint.model,

@@ -194,6 +194,9 @@ class TraceInfo:
     requests: int | None = None  # requests in the trace (subagents included)
     ideal_cache_hit_rate: float | None = None
     block_size: int | None = None  # tokens per hash block in the trace
+    # Σ provider_cached_tokens / Σ input over the requests of an imported agent log
+    # that carry it: what the agent's own provider reported served from cache.
+    provider_cache_hit_rate: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

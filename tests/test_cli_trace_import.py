@@ -18,6 +18,8 @@ from tests.builders import codex_record, codex_token_count, write_jsonl
 # The shared Claude log's calls: input_tokens + cache_creation_input_tokens +
 # cache_read_input_tokens of each assistant message (records 0007 ... 0057).
 CLAUDE_INPUTS = [32272, 35740, 38592, 41131, 41589, 42876, 44901, 45279, 47508, 48305]
+# Their cache_read_input_tokens: what Claude's provider served from cache.
+CLAUDE_CACHED = [27217, 29380, 35738, 38590, 41129, 41587, 42874, 44770, 45277, 47506]
 
 
 def _run(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -56,6 +58,14 @@ def test_cli_trace_import_stats_and_replay(shared_data: Path, tmp_path: Path) ->
     rows = pd.read_parquet(run_dir / "requests")
     assert (rows["status"] == "ok").all()
     assert sorted(rows["trace_input_tokens"]) == CLAUDE_INPUTS
+    # analyze puts the simulator's hit beside what Claude's provider reported.
+    analyzed = _run("analyze", run_dir, "--json")
+    assert analyzed.returncode == 0, analyzed.stderr
+    rates = json.loads(analyzed.stdout)["cache_hit_rate"]
+    assert rates["provider"] == sum(CLAUDE_CACHED) / sum(CLAUDE_INPUTS)
+    assert rates["server"] is not None
+    text = _run("analyze", run_dir).stdout
+    assert "cache hit: agent's provider (log)" in text
 
 
 def test_cli_trace_import_then_calibrate(shared_data: Path, tmp_path: Path) -> None:
