@@ -1,18 +1,28 @@
-"""Benchmark of `replayer generate`: speed at AgentX scale, fidelity to its targets, and
-calibration fidelity on the real Weka sample (two-sample KS distances).
+"""Benchmark of `replayer generate`: time and peak RSS of the commands at AgentX scale,
+speed in process, fidelity to its targets, and calibration fidelity on the real Weka
+sample (two-sample KS distances).
 
-    /work/venv/bin/python bench/bench_generate.py [--repeats 5] [--skip-write]
+    /tmp/venv/bin/python bench/bench_generate.py [--repeats 5] [--cli-repeats 3]
+        [--before DIR] [--skip-write]
 
-Prints: generation time of the AgentX-scale corpus (393 sessions, ~100K requests;
-median of repeats, one core), the Parquet write time, the full-size agentx statistics
-against the published AgentX v1.0 figures, and KS distances between the Weka sample and
-traces generated from a config fitted to it.
+Prints: wall time and peak RSS (``ru_maxrss`` of the child, from ``os.wait4``) of
+``replayer generate --preset agentx -o X.parquet`` and ``replayer trace stats
+X.parquet``, each in a fresh process (median of ``--cli-repeats``); with ``--before
+DIR`` (a directory holding an earlier ``traces`` package, e.g. ``git archive <commit>
+traces | tar -x -C DIR``) the same commands also run on that code (``PYTHONPATH=DIR``,
+its own trace file), interleaved with the current code's. Then generation time of the
+AgentX-scale corpus in process (393 sessions, ~100K requests; median of repeats), the
+Parquet write time, the full-size agentx statistics against the published AgentX v1.0
+figures, and KS distances between the Weka sample and traces generated from a config
+fitted to it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +33,7 @@ from traces.generate import PRESETS, generate_trace
 from traces.io import read_trace, write_trace
 from traces.model import Trace
 from traces.stats import trace_stats
+from traces.table import request_column
 
 REPO = Path(__file__).resolve().parents[1]
 WEKA = REPO / ".." / "shared" / "data" / "weka"
@@ -30,6 +41,75 @@ WEKA = REPO / ".." / "shared" / "data" / "weka"
 
 def _out(line: str) -> None:
     sys.stdout.write(line + "\n")
+
+
+def _measured(cmd: list[str], code: Path | None, cwd: Path) -> tuple[float, float]:
+    """(wall seconds, peak RSS MB) of ``cmd`` in a fresh process; run in ``cwd``, not
+    the repository, whose packages ``python -m`` would put ahead of ``PYTHONPATH``."""
+    env = dict(os.environ)
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode})")
+    return elapsed, usage.ru_maxrss / 1024  # KiB on Linux
+
+
+def _traces_file(code: Path | None, cwd: Path) -> str:
+    """Where the ``traces`` package of ``code`` loads from (checks the set-up)."""
+    env = dict(os.environ)
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
+    return subprocess.run(
+        [sys.executable, "-c", "import traces; print(traces.__file__)"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def _cli(repeats: int, before: Path | None) -> None:
+    codes: dict[str, Path | None] = {"current": None}
+    if before is not None:
+        codes = {"before": before.resolve(), "current": None}
+    replayer = [sys.executable, "-m", "replayer"]
+    runs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, code in codes.items():
+            _out(f"code {name}: traces from {_traces_file(code, Path(tmp))}")
+        for _ in range(repeats):
+            for name, code in codes.items():  # interleaved: load hits both alike
+                out = str(Path(tmp) / f"agentx-{name}.parquet")
+                for step, cmd in (
+                    ("generate", ["generate", "--preset", "agentx", "-o", out]),
+                    ("trace stats", ["trace", "stats", out]),
+                ):
+                    got = _measured([*replayer, *cmd], code, Path(tmp))
+                    runs.setdefault((step, name), []).append(got)
+    _out(f"CLI at agentx scale ({repeats} repeats, medians; fresh process each):")
+    _out("| command | code | wall s | all runs s | peak RSS MB |")
+    _out("| --- | --- | ---: | --- | ---: |")
+    for (step, name), measured in runs.items():
+        secs = [s for s, _ in measured]
+        _out(
+            f"| replayer {step} | {name} | {statistics.median(secs):.2f} | "
+            f"{', '.join(f'{x:.2f}' for x in secs)} | "
+            f"{statistics.median(m for _, m in measured):,.0f} |"
+        )
+    gen_s = statistics.median(s for s, _ in runs[("generate", "current")])
+    gen_mb = statistics.median(m for _, m in runs[("generate", "current")])
+    stats_mb = statistics.median(m for _, m in runs[("trace stats", "current")])
+    _out(
+        f"goals: generate <= 5 s {'met' if gen_s <= 5 else 'NOT met'}, "
+        f"<= 1 GB {'met' if gen_mb <= 1024 else 'NOT met'}; "
+        f"trace stats <= 1 GB {'met' if stats_mb <= 1024 else 'NOT met'}\n"
+    )
 
 
 def _speed(repeats: int, write: bool) -> Trace:
@@ -40,7 +120,10 @@ def _speed(repeats: int, write: bool) -> Trace:
         trace = generate_trace(PRESETS["agentx"], sessions=393, seed=seed)
         times.append(time.perf_counter() - t0)
     assert trace is not None
-    blocks = sum(r.hash_ids.size for s, _ in trace.all_sessions() for r in s.requests)
+    blocks = sum(
+        int(request_column(s.requests, "n_blocks").sum())
+        for s, _ in trace.all_sessions()
+    )
     _out(
         f"agentx 393 sessions: {trace.request_count():,} requests, {blocks:,} blocks; "
         f"generate median {statistics.median(times):.2f} s "
@@ -99,8 +182,12 @@ def _calibration() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cli-repeats", type=int, default=3)
+    parser.add_argument("--before", type=Path, help="directory of an earlier traces")
     parser.add_argument("--skip-write", action="store_true")
     args = parser.parse_args()
+    if args.cli_repeats > 0:
+        _cli(args.cli_repeats, args.before)
     trace = _speed(args.repeats, write=not args.skip_write)
     _targets(trace)
     _calibration()

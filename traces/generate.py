@@ -21,7 +21,9 @@ How a session tree is built (all per-request work is vectorized with numpy):
   lengths never shrink. ``input_tokens=None`` keeps the latent lengths as they are.
 * Hash ids: a segment's blocks are [prefix ids, new ids...]; every request of the
   segment is a prefix of that buffer, so the next request's ids start with all full
-  blocks of the previous one (Weka: ``len(hash_ids) == in // block_size``). Prefix ids
+  blocks of the previous one (Weka: ``len(hash_ids) == in // block_size``). The trace
+  is one ``RequestTable`` whose block buffer holds each segment once (~6M blocks for
+  the 347M-block agentx corpus); sessions hold rows of it. Prefix ids
   are shared by all trees with ``hash_id_scope="global"`` (``global_prefix``); with
   ``"local"`` every tree numbers its blocks from 1, as the Weka corpus does.
 * Time: ``t`` of the next request = ``t`` + ``api_time`` of the previous one +
@@ -49,7 +51,8 @@ from traces.distributions import (
     draw,
 )
 from traces.errors import TraceError
-from traces.model import Request, Scope, Session, Subagent, Trace
+from traces.model import Scope, Session, Subagent, Trace
+from traces.table import Labels, RequestTable, frozen
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -549,124 +552,120 @@ def _timeline(arr: _Arrays) -> None:
     arr.t_ms[:] = _segmented_cumsum(step, arr.starts, arr.thr)
 
 
-# --------------------------------------------------------------------------- objects
+# --------------------------------------------------------------------------- sessions
 
 
 @dataclass(slots=True)
-class _Thread:
-    """One thread's kept requests, with times re-based after any dropped ones."""
+class _Kept:
+    """The requests kept (not dropped by ``drop_requests_over_tokens``) as one table,
+    threads in order, each thread's times re-based on its first kept request."""
 
-    requests: tuple[Request, ...]
-    kept: list[int]  # positions (within the thread) of the kept requests
-    shift_ms: int  # t of the first kept request in the original timeline
-    end_ms: int  # end of the last kept request, after the shift
-
-
-def _thread(
-    config: GeneratorConfig,
-    arr: _Arrays,
-    cols: dict[str, list[Any]],
-    index: int,
-    n: int,
-    model: str,
-    keep: npt.NDArray[np.bool_],
-) -> _Thread:
-    start = int(arr.starts[index])
-    kept = [k for k in range(n) if keep[start + k]]
-    if not kept:
-        return _Thread(requests=(), kept=[], shift_ms=0, end_ms=0)
-    t, api = cols["t"], cols["api"]
-    shift = t[start + kept[0]]
-    requests: list[Request] = []
-    prev = -1
-    for k in kept:
-        i = start + k
-        gap = 0 if prev < 0 else t[i] - t[prev] - api[prev]
-        blocks = cols["in"][i] // config.block_size
-        off = cols["off"][cols["seg"][i]]
-        last = k == n - 1
-        requests.append(
-            Request(
-                input_tokens=cols["in"][i],
-                output_tokens=cols["out"][i],
-                hash_ids=arr.ids[off : off + blocks],
-                t_s=(t[i] - shift) / 1000,
-                think_time_s=gap / 1000,
-                api_time_s=api[i] / 1000,
-                kind="n",
-                model=model,
-                stop="end_turn" if last else "tool_use",
-                input_types=("text",) if k == 0 else ("tool_result",),
-                output_types=("text",) if last else ("text", "tool_use"),
-            )
-        )
-        prev = i
-    end = t[prev] + api[prev] - shift
-    return _Thread(requests=tuple(requests), kept=kept, shift_ms=shift, end_ms=end)
+    table: RequestTable
+    row_start: IntArray  # first table row of each thread
+    count: IntArray  # kept requests of each thread
+    kept_upto: IntArray  # kept requests of the thread at or before each request
+    shift_ms: IntArray  # t of each thread's first kept request, original timeline
+    end_ms: IntArray  # end of each thread's last kept request, after the shift
 
 
-def _build(
-    config: GeneratorConfig, lay: _Layout, arr: _Arrays, start_s: FloatArray | None
-) -> Trace:
-    cols = {
-        "t": arr.t_ms.tolist(),
-        "api": arr.api_ms.tolist(),
-        "in": arr.input_tokens.tolist(),
-        "out": arr.output_tokens.tolist(),
-        "seg": arr.seg.tolist(),
-        "off": arr.seg_offset.tolist(),
-    }
+def _kept(config: GeneratorConfig, lay: _Layout, arr: _Arrays) -> _Kept:
     limit = config.drop_requests_over_tokens
+    n_thr = len(lay.thread_n)
     keep = (
         np.ones(arr.input_tokens.size, dtype=bool)
         if limit is None
         else arr.input_tokens <= limit
     )
+    rows = np.flatnonzero(keep)
+    thr = arr.thr[rows]
+    pos = rows - arr.starts[thr]
+    thread_n = np.asarray(lay.thread_n, dtype=np.int64)
+    last = pos == thread_n[thr] - 1  # the thread's last request, kept or not
+    count = np.bincount(thr, minlength=n_thr).astype(np.int64)
+    row_start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+    new_thr = np.ones(rows.size, dtype=bool)
+    new_thr[1:] = thr[1:] != thr[:-1]
+    t, api = arr.t_ms[rows], arr.api_ms[rows]
+    group_first = np.maximum.accumulate(np.where(new_thr, np.arange(rows.size), 0))
+    shift = t[group_first]
+    prev_end = np.concatenate([[0], (t + api)[:-1]])
+    gap = np.where(new_thr, 0, t - prev_end)
+    shift_ms = np.zeros(n_thr, dtype=np.int64)
+    end_ms = np.zeros(n_thr, dtype=np.int64)
+    has = count > 0
+    shift_ms[has] = shift[row_start[has]]
+    last_row = row_start[has] + count[has] - 1
+    end_ms[has] = (t + api - shift)[last_row]
+    is_sub = np.asarray(lay.thread_is_sub, dtype=bool)
+    n = rows.size
+    table = RequestTable(
+        input_tokens=arr.input_tokens[rows],
+        output_tokens=arr.output_tokens[rows],
+        t_s=(t - shift) / 1000,
+        think_time_s=gap / 1000,
+        api_time_s=api / 1000,
+        ttft_s=np.full(n, np.nan),
+        kind=Labels.constant("n", n),
+        model=Labels(
+            frozen(is_sub[thr], np.int32), (config.model, config.subagent_model)
+        ),
+        stop=Labels(frozen(last, np.int32), ("tool_use", "end_turn")),
+        input_types=Labels(frozen(pos == 0, np.int32), (("tool_result",), ("text",))),
+        output_types=Labels(frozen(last, np.int32), (("text", "tool_use"), ("text",))),
+        blocks=arr.ids,
+        ids_offset=arr.seg_offset[arr.seg[rows]],
+        n_blocks=arr.input_tokens[rows] // config.block_size,
+    )
+    cum = np.cumsum(keep)
+    before = np.where(arr.starts > 0, cum[np.maximum(arr.starts - 1, 0)], 0)
+    kept_upto = cum - before[arr.thr]
+    return _Kept(
+        table=table,
+        row_start=row_start,
+        count=count,
+        kept_upto=kept_upto,
+        shift_ms=shift_ms,
+        end_ms=end_ms,
+    )
+
+
+def _build(
+    config: GeneratorConfig, lay: _Layout, arr: _Arrays, start_s: FloatArray | None
+) -> Trace:
+    kept = _kept(config, lay, arr)
+    table = kept.table
+    count = kept.count.tolist()
+    row_start = kept.row_start.tolist()
+    t_ms, api_ms = arr.t_ms, arr.api_ms
     scope = "global" if config.global_prefix else "local"
     groups_by_tree: dict[int, list[_Group]] = {}
     for g in lay.groups:
         groups_by_tree.setdefault(g.tree, []).append(g)
     sessions: list[Session] = []
     width = max(4, len(str(len(lay.tree_parent))))
-    for tree, parent_index in enumerate(lay.tree_parent):
+    for tree, parent in enumerate(lay.tree_parent):
         sid = f"{config.name}-{tree:0{width}d}"
-        parent = _thread(
-            config,
-            arr,
-            cols,
-            parent_index,
-            lay.thread_n[parent_index],
-            config.model,
-            keep,
-        )
-        if not parent.requests:
+        if not count[parent]:
             continue  # every request was over the limit: the tree is dropped
+        parent_shift = int(kept.shift_ms[parent])
         subagents: list[Subagent] = []
         for g in groups_by_tree.get(tree, []):
-            spawn_i = int(arr.starts[parent_index]) + g.anchor
-            spawn_ms = cols["t"][spawn_i] + cols["api"][spawn_i] - parent.shift_ms
+            spawn_i = int(arr.starts[parent]) + g.anchor
+            spawn_ms = int(t_ms[spawn_i] + api_ms[spawn_i]) - parent_shift
             # Re-anchor on the last kept parent request at or before the original one.
-            anchor = sum(1 for k in parent.kept if k <= g.anchor) - 1
-            join = anchor + 1 if anchor + 1 < len(parent.kept) else None
+            anchor = int(kept.kept_upto[spawn_i]) - 1
+            join = anchor + 1 if anchor + 1 < count[parent] else None
             for th in g.threads:
-                sub = _thread(
-                    config,
-                    arr,
-                    cols,
-                    th,
-                    lay.thread_n[th],
-                    config.subagent_model,
-                    keep,
-                )
-                if not sub.requests:
+                n = count[th]
+                if not n:
                     continue
                 agent_id = f"agent_{len(subagents) + 1:03d}"
-                last = sub.requests[-1]
+                last = row_start[th] + n - 1
                 subagents.append(
                     Subagent(
                         session=Session(
                             session_id=f"{sid}/{agent_id}",
-                            requests=sub.requests,
+                            requests=table.rows(row_start[th], row_start[th] + n),
                             block_size=config.block_size,
                             hash_id_scope="local",  # how the Weka reader sees them
                             models=(config.subagent_model,),
@@ -678,16 +677,19 @@ def _build(
                         agent_id=agent_id,
                         t_s=max(0, spawn_ms) / 1000,
                         subagent_type=g.subagent_type,
-                        duration_ms=float(sub.end_ms),
-                        total_tokens=last.input_tokens + last.output_tokens,
-                        tool_use_count=len(sub.requests) - 1,
+                        duration_ms=float(kept.end_ms[th]),
+                        total_tokens=int(table.input_tokens[last])
+                        + int(table.output_tokens[last]),
+                        tool_use_count=n - 1,
                         status="completed",
                     )
                 )
         sessions.append(
             Session(
                 session_id=sid,
-                requests=parent.requests,
+                requests=table.rows(
+                    row_start[parent], row_start[parent] + count[parent]
+                ),
                 subagents=tuple(subagents),
                 block_size=config.block_size,
                 hash_id_scope=cast(Scope, scope),

@@ -14,6 +14,7 @@ import itertools
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,6 +24,7 @@ import orjson
 
 from traces.errors import TraceError
 from traces.model import Request, Session
+from traces.table import RequestRows
 from traces.textrule import CHAT_TOKENS_PER_MESSAGE, word_for_token
 
 Api = Literal["chat", "completions"]
@@ -345,13 +347,36 @@ class Materializer:
         sys_blocks = ((session.system_tokens or 0) + (session.tool_tokens or 0)) // bs
         cuts = [min(n_full, sys_blocks)]
         cur = session.requests[request_index].hash_ids
-        for prev in session.requests[:request_index]:
-            n = prev.hash_ids.size
-            # Chained ids: equal last block ⇒ the earlier prompt is a prefix of this.
-            if 0 < n <= min(cur.size, n_full) and cur[n - 1] == prev.hash_ids[n - 1]:
-                reply = n + prev.output_tokens // bs
-                cuts.extend((max(n, cuts[-1]), max(min(reply, n_full), cuts[-1])))
+        n, out, last = _earlier_prompts(session.requests, request_index)
+        # Chained ids: equal last block ⇒ the earlier prompt is a prefix of this.
+        prefix = (n > 0) & (n <= min(cur.size, n_full))
+        prefix[prefix] = last[prefix] == cur[n[prefix] - 1]
+        n = n[prefix]
+        reply = np.minimum(n + out[prefix] // bs, n_full)
+        # Running max: each cut is clamped to the one before it.
+        seq = np.concatenate(([cuts[0]], np.column_stack((n, reply)).reshape(-1)))
+        cuts = [int(c) for c in np.maximum.accumulate(seq).tolist()]
         return cuts
+
+
+def _earlier_prompts(
+    requests: Sequence[Request], index: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(blocks, output tokens, last block id or 0) of the requests before ``index``,
+    from the columns when the session has them (no request objects built)."""
+    if isinstance(requests, RequestRows):
+        t, a = requests.table, requests.start
+        n = t.n_blocks[a : a + index]
+        offs = t.ids_offset[a : a + index]
+        last = np.where(n > 0, t.blocks[np.maximum(offs + n - 1, 0)], 0)
+        return n, t.output_tokens[a : a + index], last
+    prev = requests[:index]
+    n = np.array([r.hash_ids.size for r in prev], dtype=np.int64)
+    out = np.array([r.output_tokens for r in prev], dtype=np.int64)
+    last = np.array(
+        [int(r.hash_ids[-1]) if r.hash_ids.size else 0 for r in prev], dtype=np.int64
+    )
+    return n, out, last
 
 
 def tokenizer_words(path: str) -> list[str]:

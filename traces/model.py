@@ -2,13 +2,15 @@
 and join points, hash ids as numpy arrays.
 
 Owns no I/O (see ``traces.io``). Hash ids are never expanded into tokens here: a
-710-session corpus is ~94M blocks, so each request holds one int64 array (usually a
-view into one flat buffer shared by the whole trace).
+710-session corpus is ~94M blocks. A session's ``requests`` is any sequence of
+:class:`Request`; sessions read or generated in bulk hold ``traces.table.RequestRows``
+(columns, with each prompt a view into a block buffer that stores a session's growing
+prompt once), and a ``Request`` is then built only when one is indexed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -104,7 +106,9 @@ class Session:
     """A sequence of requests (turns) plus the subagents it spawns."""
 
     session_id: str
-    requests: tuple[Request, ...]
+    # A tuple of requests, or RequestRows (traces.table) for bulk-built sessions;
+    # equal sessions compare equal whichever they hold.
+    requests: Sequence[Request]
     subagents: tuple[Subagent, ...] = ()
     block_size: int = 64  # tokens per hash block
     # "global": hash ids shared across all sessions of a trace.

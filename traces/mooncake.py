@@ -4,11 +4,13 @@ Fields: ``timestamp`` (ms from trace start), ``input_length``, ``output_length``
 ``hash_ids`` (512-token blocks, the partial tail hashed too, one id space for the whole
 file). Each line becomes a one-request session arriving at its timestamp; lines that
 carry a ``session_id`` (or ``chat_id``) are grouped into one session per id instead.
+The sessions of a file hold rows of one request table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import numpy as np
 
 from traces.errors import Problem
 from traces.model import Request, Session
+from traces.table import RequestTable
 
 MOONCAKE_BLOCK_SIZE = 512
 _KNOWN = frozenset(
@@ -94,45 +97,30 @@ def parse_mooncake_line(
 
 
 def build_sessions(items: list[tuple[str | None, float, Request]]) -> list[Session]:
-    """Sessions from parsed lines: one per line, or one per group id."""
-    sessions: list[Session] = []
-    groups: dict[str, list[tuple[float, Request]]] = {}
-    order: list[tuple[str | None, int]] = []
+    """Sessions from parsed lines: one per line, or one per group id (at the place of
+    its first line); all rows of one table."""
+    entries: list[tuple[str, float, list[Request]]] = []
+    groups: dict[str, tuple[float, list[Request]]] = {}
     for i, (group, arrival_s, req) in enumerate(items):
         if group is None:
-            sessions.append(_single(f"mooncake-{i}", arrival_s, [(arrival_s, req)]))
-            order.append((None, len(sessions) - 1))
+            entries.append((f"mooncake-{i}", arrival_s, [req]))
+        elif group in groups:
+            start, reqs = groups[group]
+            reqs.append(replace(req, t_s=arrival_s - start))
         else:
-            if group not in groups:
-                groups[group] = []
-                order.append((group, -1))
-            groups[group].append((arrival_s, req))
-    if not groups:
-        return sessions
-    out: list[Session] = []
-    for group, idx in order:
-        out.append(sessions[idx] if group is None else _grouped(group, groups[group]))
-    return out
-
-
-def _single(sid: str, arrival_s: float, reqs: list[tuple[float, Request]]) -> Session:
-    return Session(
-        session_id=sid,
-        requests=tuple(r for _, r in reqs),
-        block_size=MOONCAKE_BLOCK_SIZE,
-        hash_id_scope="global",
-        start_s=arrival_s,
+            groups[group] = (arrival_s, [replace(req, t_s=0.0)])
+            entries.append((group, arrival_s, groups[group][1]))
+    breaks = np.cumsum([0, *(len(reqs) for _, _, reqs in entries)]).tolist()
+    table = RequestTable.from_requests(
+        (r for _, _, reqs in entries for r in reqs), chain_breaks=breaks[:-1]
     )
-
-
-def _grouped(sid: str, reqs: list[tuple[float, Request]]) -> Session:
-    from dataclasses import replace
-
-    start = reqs[0][0]
-    return Session(
-        session_id=sid,
-        requests=tuple(replace(r, t_s=t - start) for t, r in reqs),
-        block_size=MOONCAKE_BLOCK_SIZE,
-        hash_id_scope="global",
-        start_s=start,
-    )
+    return [
+        Session(
+            session_id=sid,
+            requests=table.rows(breaks[k], breaks[k + 1]),
+            block_size=MOONCAKE_BLOCK_SIZE,
+            hash_id_scope="global",
+            start_s=arrival_s,
+        )
+        for k, (sid, arrival_s, _) in enumerate(entries)
+    ]

@@ -4,61 +4,123 @@ Ideal hit of a request: the longest leading run of its blocks already seen earli
 its namespace, in tokens, capped at its input length. The namespace is the session tree
 for ``hash_id_scope: "local"`` and the whole trace for ``"global"``; "earlier" follows
 the trace's own order (``Session.ordered_requests``), so the figure is a property of
-the trace, not of one run's timing.
+the trace, not of one run's timing. Both work on the request columns
+(``traces.table``), so the ideal-hit pass costs the blocks a trace stores (each prompt
+chain once), not the sum of its prompt lengths.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from traces.model import Request, Session, Trace
+from traces.model import HashIds, Session, Trace
+from traces.table import IntArray, RequestTable, Rows, session_rows
 
 RequestKey = tuple[str, int]  # (session_id, request_index)
+_Range = tuple[Session, int, int]  # requests [start, stop) of one session
 
 
-def _runs(ids: npt.NDArray[np.int64]) -> tuple[list[int], list[int]]:
-    """Runs of consecutive ids: (starts, lengths). Traces number blocks in order, so
-    a request of thousands of blocks is usually a handful of runs."""
-    prev, nxt = ids[:-1], ids[1:]
+def _ordered_ranges(session: Session) -> Iterator[_Range]:
+    """``Session.ordered_requests`` as contiguous index ranges of each session."""
+    by_anchor: dict[int, list[Session]] = {}
+    for sub in session.subagents:
+        by_anchor.setdefault(sub.anchor_index, []).append(sub.session)
+    for sub_session in by_anchor.get(-1, ()):
+        yield from _ordered_ranges(sub_session)
+    n = len(session.requests)
+    start = 0
+    for anchor in sorted(a for a in by_anchor if 0 <= a < n):
+        yield session, start, anchor + 1
+        start = anchor + 1
+        for sub_session in by_anchor[anchor]:
+            yield from _ordered_ranges(sub_session)
+    if start < n:
+        yield session, start, n
+
+
+def _namespaces(trace: Trace) -> Iterable[list[_Range]]:
+    global_ns: list[_Range] = []
+    for root in trace.sessions:
+        ordered = list(_ordered_ranges(root))
+        if root.hash_id_scope == "global":
+            global_ns.extend(ordered)
+        else:
+            yield ordered
+    if global_ns:
+        yield global_ns
+
+
+def _runs(blocks: HashIds) -> tuple[list[int], list[int]]:
+    """Maximal runs of consecutive ids in ``blocks``: (positions, first ids). Traces
+    number blocks in order, so a buffer of millions of blocks is a few thousand runs."""
+    if blocks.size == 0:
+        return [], []
+    prev, nxt = blocks[:-1], blocks[1:]
     with np.errstate(over="ignore"):  # b > a rules out a wrapped difference of 1
         consecutive = (nxt > prev) & (nxt - prev == 1)
-    breaks = np.flatnonzero(~consecutive) + 1
-    bounds = np.concatenate(([0], breaks, [ids.size]))
-    return ids[bounds[:-1]].tolist(), np.diff(bounds).tolist()
+    pos = np.concatenate(([0], np.flatnonzero(~consecutive) + 1))
+    return pos.tolist(), blocks[pos].tolist()
 
 
-def _leading_seen_blocks(
-    ids: list[npt.NDArray[np.int64]],
-) -> npt.NDArray[np.int64]:
-    """For requests in order, how many leading blocks each had seen before it.
+class _SeenBlocks:
+    """Block ids seen so far in one namespace, as sorted disjoint intervals [lo, hi),
+    plus how much of each prompt chain has been seen (a chain is identified by the
+    address of its first block: requests that start there share their leading blocks),
+    so a request costs its new blocks only."""
 
-    The seen ids are kept as sorted disjoint intervals [lo, hi), so the cost is per
-    run of consecutive ids, not per block: a 350M-block corpus takes seconds.
-    """
-    out = np.zeros(len(ids), dtype=np.int64)
-    lo_list: list[int] = []  # interval starts, sorted
-    hi_list: list[int] = []  # matching ends (exclusive)
-    for r, arr in enumerate(ids):
-        if arr.size == 0:
-            continue
-        starts, lengths = _runs(arr)
-        hit = 0
-        for a, n in zip(starts, lengths, strict=True):
-            k = bisect.bisect_right(lo_list, a) - 1
-            covered = min(n, hi_list[k] - a) if k >= 0 and hi_list[k] > a else 0
-            hit += covered
-            if covered < n:
-                break
-        out[r] = hit
-        for a, n in zip(starts, lengths, strict=True):
-            _add_interval(lo_list, hi_list, a, a + n)
-    return out
+    def __init__(self, runs: dict[int, tuple[list[int], list[int]]]) -> None:
+        self.lo: list[int] = []
+        self.hi: list[int] = []
+        self.chain_seen: dict[int, int] = {}
+        self.runs = runs  # of each block buffer (by id), shared by the namespaces
+
+    def hits(self, table: RequestTable, start: int, stop: int) -> list[int]:
+        """Leading seen blocks of rows [start, stop) of ``table``, in order; then
+        their blocks count as seen."""
+        blocks = table.blocks
+        key = id(blocks)
+        if key not in self.runs:
+            self.runs[key] = _runs(blocks)
+        run_pos, run_val = self.runs[key]
+        n_runs, size = len(run_pos), blocks.size
+        base = int(blocks.__array_interface__["data"][0])
+        lo_list, hi_list, chain_seen = self.lo, self.hi, self.chain_seen
+        out: list[int] = []
+        offs = table.ids_offset[start:stop].tolist()
+        lens = table.n_blocks[start:stop].tolist()
+        for off, n in zip(offs, lens, strict=True):
+            chain = base + 8 * off
+            hit = chain_seen.get(chain, 0)
+            if n <= hit:
+                out.append(n)
+                continue
+            p, end = off + hit, off + n
+            k = bisect.bisect_right(run_pos, p) - 1
+            checking = True
+            while p < end:
+                q = min(run_pos[k + 1] if k + 1 < n_runs else size, end)
+                v = run_val[k] + (p - run_pos[k])
+                m = q - p
+                if checking:
+                    j = bisect.bisect_right(lo_list, v) - 1
+                    covered = hi_list[j] - v if j >= 0 and hi_list[j] > v else 0
+                    if covered >= m:  # seen already: nothing to add
+                        hit += m
+                        p, k = q, k + 1
+                        continue
+                    hit += covered
+                    checking = False  # prefix caching cannot use a block after a miss
+                _add_interval(lo_list, hi_list, v, v + m)
+                p, k = q, k + 1
+            chain_seen[chain] = n
+            out.append(hit)
+        return out
 
 
 def _add_interval(lo_list: list[int], hi_list: list[int], lo: int, hi: int) -> None:
@@ -72,25 +134,42 @@ def _add_interval(lo_list: list[int], hi_list: list[int], lo: int, hi: int) -> N
     hi_list[i:j] = [hi]
 
 
-def _namespaces(trace: Trace) -> Iterable[list[tuple[Session, int, Request]]]:
-    global_ns: list[tuple[Session, int, Request]] = []
-    for root in trace.sessions:
-        ordered = list(root.ordered_requests())
-        if root.hash_id_scope == "global":
-            global_ns.extend(ordered)
-        else:
-            yield ordered
-    if global_ns:
-        yield global_ns
+def _rows_by_session(trace: Trace) -> dict[int, Rows]:
+    sessions = [s for s, _ in trace.all_sessions()]
+    return {id(s): r for s, r in zip(sessions, session_rows(sessions), strict=True)}
+
+
+def ideal_hit_tokens(
+    trace: Trace, rows: Mapping[int, Rows] | None = None
+) -> list[tuple[Session, IntArray]]:
+    """Ideal (infinite prefix cache) hit in tokens of every request of ``trace``, as
+    one array per session (index = request index), sessions in ``all_sessions``
+    order. ``rows``: each session's rows by ``id(session)``, when the caller has
+    them."""
+    if rows is None:
+        rows = _rows_by_session(trace)
+    out = {
+        key: np.zeros(stop - start, dtype=np.int64)
+        for key, (_, start, stop) in rows.items()
+    }
+    runs: dict[int, tuple[list[int], list[int]]] = {}
+    for ns in _namespaces(trace):
+        seen = _SeenBlocks(runs)
+        for session, a, b in ns:
+            table, first, _ = rows[id(session)]
+            hit = seen.hits(table, first + a, first + b)
+            blocks = np.asarray(hit, dtype=np.int64)
+            ins = table.input_tokens[first + a : first + b]
+            out[id(session)][a:b] = np.minimum(blocks * session.block_size, ins)
+    return [(s, out[id(s)]) for s, _ in trace.all_sessions()]
 
 
 def ideal_cached_tokens(trace: Trace) -> dict[RequestKey, int]:
     """Ideal (infinite prefix cache) hit in tokens of every request of ``trace``."""
     out: dict[RequestKey, int] = {}
-    for ns in _namespaces(trace):
-        blocks = _leading_seen_blocks([r.hash_ids for _, _, r in ns])
-        for (s, i, r), b in zip(ns, blocks.tolist(), strict=True):
-            out[(s.session_id, i)] = min(b * s.block_size, r.input_tokens)
+    for session, hits in ideal_hit_tokens(trace):
+        sid = session.session_id
+        out.update(((sid, i), h) for i, h in enumerate(hits.tolist()))
     return out
 
 
@@ -99,15 +178,12 @@ def ideal_hit_totals(
 ) -> tuple[int, int]:
     """(Σ ideal hit tokens, Σ input tokens) over all requests (``hits``: the result
     of :func:`ideal_cached_tokens` when the caller already has it)."""
-    if hits is None:
-        hits = ideal_cached_tokens(trace)
-    total_in = sum(r.input_tokens for _, _, r in _all_requests(trace))
-    return sum(hits.values()), total_in
-
-
-def _all_requests(trace: Trace) -> Iterable[tuple[Session, int, Request]]:
-    for root in trace.sessions:
-        yield from root.ordered_requests()
+    rows = _rows_by_session(trace)
+    total_in = sum(int(t.input_tokens[a:b].sum()) for t, a, b in rows.values())
+    if hits is not None:
+        return sum(hits.values()), total_in
+    total_hit = sum(int(h.sum()) for _, h in ideal_hit_tokens(trace, rows))
+    return total_hit, total_in
 
 
 # numpy's name for the interpolation every percentile of the project uses.
@@ -180,28 +256,39 @@ class TraceStats:
 
 def trace_stats(trace: Trace) -> TraceStats:
     """Compute :class:`TraceStats` for ``trace``."""
-    reqs = [r for _, _, r in _all_requests(trace)]
-    ins = np.fromiter((r.input_tokens for r in reqs), dtype=np.int64, count=len(reqs))
-    outs = np.fromiter((r.output_tokens for r in reqs), dtype=np.int64, count=len(reqs))
-    thinks = np.array(
-        [r.think_time_s for s, _ in trace.all_sessions() for r in s.requests[1:]],
-        dtype=np.float64,
-    )
-    per_tree = np.array([s.request_count() for s in trace.sessions], dtype=np.int64)
-    hits, total_in = ideal_hit_totals(trace)
     sessions = list(trace.all_sessions())
+    rows = _rows_by_session(trace)
+    ordered = [
+        (rows[id(s)], a, b)
+        for root in trace.sessions
+        for s, a, b in _ordered_ranges(root)
+    ]
+
+    def column(name: str, spans: Sequence[tuple[Rows, int, int]]) -> npt.NDArray[Any]:
+        parts = [getattr(t, name)[s0 + a : s0 + b] for (t, s0, _), a, b in spans]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    ins = column("input_tokens", ordered).astype(np.int64)
+    outs = column("output_tokens", ordered).astype(np.int64)
+    after_first = [
+        (rows[id(s)], 1, len(s.requests)) for s, _ in sessions if len(s.requests) > 1
+    ]
+    thinks = column("think_time_s", after_first).astype(np.float64)
+    per_tree = np.array([s.request_count() for s in trace.sessions], dtype=np.int64)
+    total_hit = sum(int(h.sum()) for _, h in ideal_hit_tokens(trace, rows))
+    total_in = int(ins.sum())
     return TraceStats(
         sessions=len(trace.sessions),
-        requests=len(reqs),
+        requests=int(ins.size),
         sessions_with_subagents=sum(1 for s in trace.sessions if s.subagents),
         subagent_sessions=sum(1 for _, depth in sessions if depth > 0),
         input_tokens=_summary(ins),
         output_tokens=_summary(outs),
         requests_per_session=_summary(per_tree),
         think_time_s=_summary(thinks),
-        total_input_tokens=int(ins.sum()),
+        total_input_tokens=total_in,
         total_output_tokens=int(outs.sum()),
-        ideal_cache_hit_rate=hits / total_in if total_in else float("nan"),
+        ideal_cache_hit_rate=total_hit / total_in if total_in else float("nan"),
         block_sizes=sorted({s.block_size for s, _ in sessions}),
         hash_id_scopes=sorted({s.hash_id_scope for s, _ in sessions}),
         source_format=trace.source_format,

@@ -1,14 +1,20 @@
-"""The Parquet trace store: one row per request, hash ids run-length encoded (runs of
-consecutive ids, the common case: a 4.6M-block sample is ~9K runs), the session tree
-(ids, spawn/join points, per-session fields) as JSON in the file's key-value metadata.
-Reloads many times faster than JSON, losslessly.
+"""The Parquet trace store: one row per request (the columns of
+``traces.table.RequestTable``), the trace's block buffer run-length encoded across the
+rows, and the session tree (ids, spawn/join points, per-session fields) as JSON in the
+file's key-value metadata. Lossless, and loads many times faster than JSON.
+
+Format 2 stores each prompt chain once: a row holds where its prompt lies in the block
+buffer (``ids_offset``, ``n_blocks``) and the runs of blocks it adds to the buffer
+(runs of consecutive ids, the common case: the 6M-block buffer behind a 347M-block
+AgentX corpus is ~3.4K runs). Reading builds no per-request objects: the sessions hold
+rows of one table. Format 1 (every row's whole prompt as runs) is still read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -16,11 +22,26 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.errors import TraceError
-from traces.model import Request, Session, Subagent, Trace
+from traces.model import HashIds, Session, Subagent, Trace
+from traces.table import (
+    ChainBuilder,
+    IntArray,
+    Labels,
+    RequestRows,
+    RequestTable,
+    Rows,
+    frozen,
+    request_extras,
+    session_rows,
+)
 
-STORE_FORMAT = "replayer-trace-store/1"
+STORE_FORMAT = "replayer-trace-store/2"
+_FORMAT_1 = "replayer-trace-store/1"  # every row's whole prompt; still read
 _META_KEY = b"replayer.trace"
 _SEP = "\x1f"  # joins input/output type lists; never appears in type names
+_LABEL_COLUMNS = ("kind", "model", "stop", "input_types", "output_types")
+_STRINGS = pa.dictionary(pa.int32(), pa.string())
+T = TypeVar("T", bound=object)
 
 _SCHEMA = pa.schema(
     [
@@ -31,15 +52,16 @@ _SCHEMA = pa.schema(
         ("think_time_s", pa.float64()),
         ("api_time_s", pa.float64()),
         ("ttft_s", pa.float64()),
-        ("kind", pa.string()),
-        ("model", pa.string()),
-        ("stop", pa.string()),
-        ("input_types", pa.string()),
-        ("output_types", pa.string()),
+        ("kind", _STRINGS),
+        ("model", _STRINGS),
+        ("stop", _STRINGS),
+        ("input_types", _STRINGS),
+        ("output_types", _STRINGS),
         ("extra", pa.string()),
+        ("ids_offset", pa.int64()),  # the prompt: blocks[ids_offset : + n_blocks]
         ("n_blocks", pa.int64()),
-        ("id_runs", pa.list_(pa.int64())),  # run start ids
-        ("id_run_lengths", pa.list_(pa.int64())),
+        ("block_runs", pa.list_(pa.int64())),  # blocks this row adds: run start ids
+        ("block_run_lengths", pa.list_(pa.int64())),
     ]
 )
 
@@ -56,10 +78,6 @@ def _flatten(trace: Trace) -> list[tuple[Session, int, Subagent | None]]:
     for s in trace.sessions:
         visit(s, -1, None)
     return flat
-
-
-def _join_types(types: tuple[str, ...]) -> str | None:
-    return _SEP.join(types) if types else None
 
 
 def _session_meta(
@@ -93,36 +111,118 @@ def _session_meta(
     return d
 
 
+# --------------------------------------------------------------------------- writing
+
+
+def _column(parts: Sequence[Rows], name: str, dtype: type[np.generic]) -> Any:
+    arrays = [getattr(t, name)[a:b] for t, a, b in parts]
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
+
+
+def _dictionary(labels: Labels[T], text: Callable[[T], str | None]) -> pa.Array:
+    """A dictionary array from label codes; values that ``text`` maps to None are
+    nulls."""
+    values = [text(v) for v in labels.values]
+    null_codes = [k for k, v in enumerate(values) if v is None]
+    mask = np.isin(labels.codes, null_codes) if null_codes else None
+    return pa.DictionaryArray.from_arrays(
+        pa.array(labels.codes, type=pa.int32(), mask=mask),
+        pa.array(["" if v is None else v for v in values], type=pa.string()),
+    )
+
+
+def _types_text(types: tuple[str, ...]) -> str | None:
+    return _SEP.join(types) if types else None
+
+
+def _pack_blocks(
+    parts: Sequence[Rows], n_rows: int
+) -> tuple[IntArray, IntArray, HashIds, IntArray]:
+    """(ids_offset, n_blocks, buffer, blocks added per row) for the file: the union of
+    the block ranges the rows use in their own buffers, each range placed in the
+    file's buffer when the first row that uses it comes."""
+    index: dict[int, int] = {}
+    buffers: list[HashIds] = []
+    which: list[int] = []
+    for t, _, _ in parts:
+        k = index.setdefault(id(t.blocks), len(buffers))
+        if k == len(buffers):
+            buffers.append(t.blocks)
+        which.append(k)
+    offs = _column(parts, "ids_offset", np.int64)
+    ns = _column(parts, "n_blocks", np.int64)
+    buf = np.repeat(np.asarray(which, dtype=np.int64), [b - a for _, a, b in parts])
+    span = max((x.size for x in buffers), default=0) + 1
+    # One coordinate for all buffers: ranges of different buffers never touch.
+    used = np.flatnonzero(ns > 0)
+    lo = buf[used] * span + offs[used]
+    order = used[np.argsort(lo, kind="stable")]
+    lo_sorted = buf[order] * span + offs[order]
+    hi_sorted = lo_sorted + ns[order]
+    reach = np.maximum.accumulate(hi_sorted) if order.size else hi_sorted
+    new_region = np.ones(order.size, dtype=bool)
+    new_region[1:] = lo_sorted[1:] >= reach[:-1]  # touching ranges stay apart
+    starts = np.flatnonzero(new_region)
+    region = np.cumsum(new_region) - 1
+    region_lo = lo_sorted[starts]
+    region_hi = np.maximum.reduceat(hi_sorted, starts) if starts.size else region_lo
+    first_row = np.minimum.reduceat(order, starts) if starts.size else region_lo
+    placement = np.argsort(first_row, kind="stable")  # file order of the regions
+    sizes = (region_hi - region_lo)[placement]
+    file_start = np.zeros(starts.size, dtype=np.int64)
+    file_start[placement] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    ids_offset = np.zeros(n_rows, dtype=np.int64)
+    ids_offset[order] = file_start[region] + lo_sorted - region_lo[region]
+    added = np.zeros(n_rows, dtype=np.int64)
+    added[first_row] = region_hi - region_lo
+    pieces = []
+    for r in placement.tolist():
+        src = buffers[int(region_lo[r] // span)]
+        at = int(region_lo[r] % span)
+        pieces.append(src[at : at + int(region_hi[r] - region_lo[r])])
+    values = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    return ids_offset, ns, values, added
+
+
 def write_store(trace: Trace, out: Path) -> None:
     """Write ``trace`` to a Parquet trace store at ``out``."""
     flat = _flatten(trace)
-    cols: dict[str, list[Any]] = {name: [] for name in _SCHEMA.names[:-3]}
-    id_arrays: list[np.ndarray] = []
-    for idx, (session, _, _) in enumerate(flat):
-        for r in session.requests:
-            cols["session"].append(idx)
-            cols["input_tokens"].append(r.input_tokens)
-            cols["output_tokens"].append(r.output_tokens)
-            cols["t_s"].append(r.t_s)
-            cols["think_time_s"].append(r.think_time_s)
-            cols["api_time_s"].append(r.api_time_s)
-            cols["ttft_s"].append(r.ttft_s)
-            cols["kind"].append(r.kind)
-            cols["model"].append(r.model)
-            cols["stop"].append(r.stop)
-            cols["input_types"].append(_join_types(r.input_types))
-            cols["output_types"].append(_join_types(r.output_types))
-            cols["extra"].append(
-                orjson.dumps(dict(r.extra)).decode() if r.extra else None
-            )
-            id_arrays.append(r.hash_ids)
-    lengths = np.fromiter(
-        (a.size for a in id_arrays), dtype=np.int64, count=len(id_arrays)
-    )
-    values = np.concatenate(id_arrays) if id_arrays else np.zeros(0, dtype=np.int64)
-    arrays = [pa.array(cols[name], type=_SCHEMA.field(name).type) for name in cols]
-    arrays.append(pa.array(lengths))
-    arrays.extend(_encode_runs(values, lengths))
+    parts = session_rows(s for s, _, _ in flat)
+    counts = [b - a for _, a, b in parts]
+    n = sum(counts)
+    floats = {
+        name: _column(parts, name, np.float64)
+        for name in ("t_s", "think_time_s", "api_time_s", "ttft_s")
+    }
+    labels: dict[str, Labels[Any]] = {
+        name: Labels.concat([(getattr(t, name), a, b) for t, a, b in parts])
+        for name in _LABEL_COLUMNS
+    }
+    extra: list[str | None] = [None] * n
+    row = 0
+    for t, a, b in parts:
+        for i, e in request_extras(t.rows(a, b)):
+            extra[row + i] = orjson.dumps(dict(e)).decode()
+        row += b - a
+    ids_offset, n_blocks, values, added = _pack_blocks(parts, n)
+    arrays: list[pa.Array] = [
+        pa.array(np.repeat(np.arange(len(flat), dtype=np.int32), counts)),
+        pa.array(_column(parts, "input_tokens", np.int64)),
+        pa.array(_column(parts, "output_tokens", np.int64)),
+        pa.array(floats["t_s"]),
+        pa.array(floats["think_time_s"]),
+        pa.array(floats["api_time_s"], mask=np.isnan(floats["api_time_s"])),
+        pa.array(floats["ttft_s"], mask=np.isnan(floats["ttft_s"])),
+        _dictionary(labels["kind"], str),
+        _dictionary(labels["model"], lambda v: v),
+        _dictionary(labels["stop"], lambda v: v),
+        _dictionary(labels["input_types"], _types_text),
+        _dictionary(labels["output_types"], _types_text),
+        pa.array(extra, type=pa.string()),
+        pa.array(ids_offset),
+        pa.array(n_blocks),
+        *_encode_runs(values, added),
+    ]
     meta = {
         "format": STORE_FORMAT,
         "source_format": trace.source_format,
@@ -134,12 +234,7 @@ def write_store(trace: Trace, out: Path) -> None:
     tmp = out.with_name(f".{out.name}.tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(
-            table,
-            tmp,
-            compression="zstd",
-            use_dictionary=["kind", "model", "stop", "input_types", "output_types"],
-        )
+        pq.write_table(table, tmp, compression="zstd")
         tmp.replace(out)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -147,18 +242,22 @@ def write_store(trace: Trace, out: Path) -> None:
 
 
 def _encode_runs(
-    values: np.ndarray, lengths: np.ndarray
+    values: HashIds, lengths: IntArray
 ) -> tuple[pa.ListArray, pa.ListArray]:
+    """Runs of consecutive ids of ``values``, split into one list per row: row i
+    holds the next ``lengths[i]`` values (runs never span two rows)."""
     n_total = values.size
     starts = np.zeros(lengths.size, dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
     is_start = np.ones(n_total, dtype=bool)
     if n_total > 1:
-        is_start[1:] = values[1:] != values[:-1] + 1
+        with np.errstate(over="ignore"):  # wrapped int64 sums are never a run
+            is_start[1:] = values[1:] != values[:-1] + 1
+            is_start[1:] |= values[1:] < values[:-1]
     is_start[starts[lengths > 0]] = True
     run_idx = np.flatnonzero(is_start)
     run_lengths = np.diff(np.append(run_idx, n_total))
-    # Runs per request: runs whose first element lies inside the request.
+    # Runs per row: runs whose first element lies inside the row's share.
     run_offsets = np.searchsorted(run_idx, np.append(starts, n_total)).astype(np.int32)
     return (
         pa.ListArray.from_arrays(pa.array(run_offsets), pa.array(values[run_idx])),
@@ -166,90 +265,154 @@ def _encode_runs(
     )
 
 
-def _decode_runs(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+# --------------------------------------------------------------------------- reading
+
+
+def _decode_runs(run_starts: IntArray, run_lengths: IntArray) -> HashIds:
+    """Ids from runs of consecutive ids: steps of 1 with a jump at each run start,
+    summed in place (one array of the result's size, no temporaries)."""
+    if run_lengths.size and int(run_lengths.min()) < 1:
+        raise TraceError("trace store is corrupt: a run of no blocks")
+    values = np.ones(int(run_lengths.sum()), dtype=np.int64)
+    if values.size:
+        pos = np.zeros(run_lengths.size, dtype=np.int64)
+        np.cumsum(run_lengths[:-1], out=pos[1:])
+        ends = run_starts[:-1] + run_lengths[:-1] - 1  # last id of each run
+        values[pos[1:]] = run_starts[1:] - ends
+        values[0] = run_starts[0]
+        np.cumsum(values, out=values)  # int64 wraps like the ids it rebuilds
+    return values
+
+
+def _list_column(table: pa.Table, name: str) -> IntArray:
+    flat: IntArray = table.column(name).combine_chunks().flatten().to_numpy()
+    return flat
+
+
+def _labels(column: pa.ChunkedArray, parse: Callable[[str], T]) -> Labels[T | None]:
+    """Codes and values of a dictionary column; null rows decode to None."""
+    arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    dictionary = [parse(v) for v in arr.dictionary.to_pylist()]
+    codes = arr.indices.fill_null(len(dictionary)).to_numpy().astype(np.int32)
+    return Labels(frozen(codes, np.int32), (*dictionary, None))
+
+
+def _types(value: str) -> tuple[str, ...]:
+    return tuple(value.split(_SEP))
+
+
+def _empty_types(labels: Labels[tuple[str, ...] | None]) -> Labels[tuple[str, ...]]:
+    return Labels(labels.codes, tuple(() if v is None else v for v in labels.values))
+
+
+def _extra(column: pa.ChunkedArray) -> dict[int, dict[str, Any]]:
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(valid)
+    texts = column.filter(valid).to_pylist() if rows.size else []
+    return {
+        int(i): orjson.loads(text)
+        for i, text in zip(rows.tolist(), texts, strict=True)
+        if text
+    }
+
+
+def _v1_blocks(
+    table: pa.Table, metas: Sequence[dict[str, Any]]
+) -> tuple[HashIds, IntArray]:
+    """Format 1 rows hold their whole prompt: decode one session at a time and keep
+    its chains, so memory stays at the largest session's prompts."""
     lengths = table.column("n_blocks").to_numpy()
-    run_starts = table.column("id_runs").combine_chunks().flatten().to_numpy()
-    run_lengths = table.column("id_run_lengths").combine_chunks().flatten().to_numpy()
+    run_starts = _list_column(table, "id_runs")
+    run_lengths = _list_column(table, "id_run_lengths")
+    runs_per_row = table.column("id_runs").combine_chunks().value_lengths().to_numpy()
     if int(run_lengths.sum()) != int(lengths.sum()):
         raise TraceError("trace store is corrupt: run lengths do not add up")
-    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    run_pos = np.zeros(run_lengths.size, dtype=np.int64)
-    np.cumsum(run_lengths[:-1], out=run_pos[1:])
-    values = np.repeat(run_starts - run_pos, run_lengths)
-    values += np.arange(values.size, dtype=np.int64)
-    values.setflags(write=False)
-    return values, offsets
-
-
-def _split_types(value: str | None) -> tuple[str, ...]:
-    return () if value is None else tuple(value.split(_SEP))
+    run_at = np.concatenate([[0], np.cumsum(runs_per_row)]).astype(np.int64)
+    pieces: list[HashIds] = []
+    offsets = np.zeros(lengths.size, dtype=np.int64)
+    size = 0
+    row = 0
+    for m in metas:
+        end = row + int(m["n"])
+        values = _decode_runs(
+            run_starts[run_at[row] : run_at[end]],
+            run_lengths[run_at[row] : run_at[end]],
+        )
+        chains = ChainBuilder()
+        at = 0
+        for i in range(row, end):
+            n = int(lengths[i])
+            offsets[i] = size + chains.add(values[at : at + n])
+            at += n
+        piece = chains.buffer()
+        pieces.append(piece)
+        size += piece.size
+        row = end
+    blocks = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    return blocks, offsets
 
 
 def read_store(path: Path) -> Trace:
-    """Load a Parquet trace store written by :func:`write_store`."""
+    """Load a Parquet trace store written by :func:`write_store` (format 2 or 1)."""
     try:
-        table = pq.read_table(path)
+        schema = pq.read_schema(path)
     except (OSError, pa.ArrowException) as exc:
         raise TraceError(f"{path}: not a readable Parquet trace store: {exc}") from exc
-    raw = (table.schema.metadata or {}).get(_META_KEY)
+    raw = (schema.metadata or {}).get(_META_KEY)
     if raw is None:
         raise TraceError(f"{path}: a Parquet file, but not a trace store (no metadata)")
     meta = orjson.loads(raw)
-    if meta.get("format") != STORE_FORMAT:
-        raise TraceError(
-            f"{path}: unsupported trace store format {meta.get('format')!r}"
+    fmt = meta.get("format")
+    if fmt not in (STORE_FORMAT, _FORMAT_1):
+        raise TraceError(f"{path}: unsupported trace store format {fmt!r}")
+    metas: list[dict[str, Any]] = meta["sessions"]
+    try:
+        table = pq.read_table(path, read_dictionary=list(_LABEL_COLUMNS))
+        if fmt == STORE_FORMAT:
+            blocks = _decode_runs(
+                _list_column(table, "block_runs"),
+                _list_column(table, "block_run_lengths"),
+            )
+            ids_offset = table.column("ids_offset").to_numpy()
+        else:
+            blocks, ids_offset = _v1_blocks(table, metas)
+    except (OSError, pa.ArrowException, KeyError) as exc:
+        raise TraceError(f"{path}: not a readable Parquet trace store: {exc}") from exc
+    if sum(int(m["n"]) for m in metas) != table.num_rows:
+        raise TraceError(f"{path}: trace store is corrupt: session sizes != rows")
+    col = table.column
+    try:
+        rows = RequestTable(
+            input_tokens=col("input_tokens").to_numpy(),
+            output_tokens=col("output_tokens").to_numpy(),
+            t_s=col("t_s").to_numpy(),
+            think_time_s=col("think_time_s").to_numpy(),
+            api_time_s=col("api_time_s").to_numpy(),  # nulls come back as NaN
+            ttft_s=col("ttft_s").to_numpy(),
+            kind=_labels(col("kind"), str),  # type: ignore[arg-type]
+            model=_labels(col("model"), str),
+            stop=_labels(col("stop"), str),
+            input_types=_empty_types(_labels(col("input_types"), _types)),
+            output_types=_empty_types(_labels(col("output_types"), _types)),
+            blocks=blocks,
+            ids_offset=ids_offset,
+            n_blocks=col("n_blocks").to_numpy(),
+            extra=_extra(col("extra")),
         )
-    values, offsets = _decode_runs(table)
-    n = table.num_rows
-    num = {
-        k: table.column(k).to_numpy(zero_copy_only=False)
-        for k in ("input_tokens", "output_tokens", "t_s", "think_time_s")
-    }
-    py = {
-        k: table.column(k).to_pylist()
-        for k in (
-            "api_time_s",
-            "ttft_s",
-            "kind",
-            "model",
-            "stop",
-            "input_types",
-            "output_types",
-            "extra",
-        )
-    }
-    ins, outs = num["input_tokens"].tolist(), num["output_tokens"].tolist()
-    ts, thinks = num["t_s"].tolist(), num["think_time_s"].tolist()
-    requests = [
-        Request(
-            input_tokens=ins[i],
-            output_tokens=outs[i],
-            hash_ids=values[offsets[i] : offsets[i + 1]],
-            t_s=ts[i],
-            think_time_s=thinks[i],
-            api_time_s=py["api_time_s"][i],
-            ttft_s=py["ttft_s"][i],
-            kind=py["kind"][i],
-            model=py["model"][i],
-            stop=py["stop"][i],
-            input_types=_split_types(py["input_types"][i]),
-            output_types=_split_types(py["output_types"][i]),
-            extra=orjson.loads(py["extra"][i]) if py["extra"][i] else {},
-        )
-        for i in range(n)
-    ]
+    except ValueError as exc:
+        raise TraceError(f"{path}: trace store is corrupt: {exc}") from exc
     return Trace(
-        sessions=_rebuild(meta["sessions"], requests),
+        sessions=_rebuild(metas, rows),
         source_format=meta.get("source_format", "parquet"),
     )
 
 
 def _rebuild(
-    metas: Sequence[dict[str, Any]], requests: list[Request]
+    metas: Sequence[dict[str, Any]], rows: RequestTable
 ) -> tuple[Session, ...]:
     starts = np.zeros(len(metas) + 1, dtype=np.int64)
     np.cumsum([m["n"] for m in metas], out=starts[1:])
+    bounds = starts.tolist()
     children: dict[int, list[int]] = {}
     for i, m in enumerate(metas):
         children.setdefault(m["parent"], []).append(i)
@@ -276,7 +439,7 @@ def _rebuild(
             )
         return Session(
             session_id=m["id"],
-            requests=tuple(requests[starts[i] : starts[i + 1]]),
+            requests=RequestRows(rows, bounds[i], bounds[i + 1]),
             subagents=tuple(subs),
             block_size=m["block_size"],
             hash_id_scope=m["scope"],

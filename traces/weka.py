@@ -4,14 +4,15 @@ One JSON object per session. ``requests`` interleaves normal ("n") and streaming
 requests with "subagent" entries; a subagent entry has no parent link: its parent is the
 session it sits in, it spawns after the request before it and the request after it waits
 for it (none after it: it runs in the background). Parsing collects every problem it
-finds instead of stopping at the first.
+finds instead of stopping at the first. A parsed session's requests are rows of one
+table, each prompt that extends the previous one stored as its new blocks only.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 
 from traces.errors import Problem
 from traces.model import Request, Session, Subagent
+from traces.table import RequestRows, table_of
 
 _SESSION_KEYS = frozenset(
     {
@@ -315,7 +317,7 @@ def _parse_subagent(
     )
     session = Session(
         session_id=sid,
-        requests=tuple(reqs),
+        requests=table_of(reqs),
         subagents=tuple(subs),
         block_size=block_size,
         hash_id_scope="local",
@@ -365,7 +367,7 @@ def parse_session(
     extra = {k: v for k, v in obj.items() if k not in _SESSION_KEYS}
     session = Session(
         session_id=sid,
-        requests=tuple(reqs),
+        requests=table_of(reqs),
         subagents=tuple(subs),
         block_size=block_size,
         hash_id_scope=scope,
@@ -388,15 +390,22 @@ def _with_extra(session: Session, extra: dict[str, Any]) -> Session:
     return replace(session, extra=extra)
 
 
+def _token_sums(requests: Sequence[Request]) -> tuple[int, int]:
+    if isinstance(requests, RequestRows):
+        t, a, b = requests.table, requests.start, requests.stop
+        return int(t.input_tokens[a:b].sum()), int(t.output_tokens[a:b].sum())
+    return sum(r.input_tokens for r in requests), sum(r.output_tokens for r in requests)
+
+
 def session_totals(session: Session) -> dict[str, Any]:
     """Weka's ``totals`` block, computed from the requests."""
-    pi = sum(r.input_tokens for r in session.requests)
-    po = sum(r.output_tokens for r in session.requests)
+    pi, po = _token_sums(session.requests)
     si = so = 0
     for sub in session.subagents:
         for s, _ in sub.session.walk():
-            si += sum(r.input_tokens for r in s.requests)
-            so += sum(r.output_tokens for r in s.requests)
+            i, o = _token_sums(s.requests)
+            si += i
+            so += o
     return {
         "parent_tokens": {"input": pi, "output": po},
         "subagent_tokens": {"input": si, "output": so},

@@ -24,7 +24,7 @@ def test_store_runs_across_request_boundaries_and_empty_requests(
     got = read_store(tmp_path / "t.parquet").sessions[0].requests
     assert [r.hash_ids.tolist() for r in got] == lists
     table = pq.read_table(tmp_path / "t.parquet")
-    assert table.column("id_runs").to_pylist()[0] == [5]  # one run for 5, 6, 7
+    assert table.column("block_runs").to_pylist()[0] == [5]  # one run for 5, 6, 7
 
 
 def test_store_is_much_smaller_than_its_ids(weka_dir: Path, tmp_path: Path) -> None:
