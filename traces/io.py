@@ -1,9 +1,10 @@
 """Reading and writing trace files; the format is detected from the content.
 
 Readers: Weka/AgentX (one session per ``.json``, a folder of them, a ``traces.jsonl``
-with one session per line, gzip allowed), Mooncake JSONL, native JSONL (Weka-compatible)
-and the Parquet trace store. ``read_trace`` loads all or nothing: every problem is
-collected and raised together, so nothing half-loaded is ever replayed.
+with one session per line, gzip allowed), Mooncake JSONL, Alibaba's Bailian JSONL,
+BurstGPT CSV, native JSONL (Weka-compatible) and the Parquet trace store.
+``read_trace`` loads all or nothing: every problem is collected and raised together,
+so nothing half-loaded is ever replayed.
 """
 
 from __future__ import annotations
@@ -11,18 +12,28 @@ from __future__ import annotations
 import gc
 import gzip
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
 
+from traces.bailian import looks_like_bailian, read_bailian
+from traces.burstgpt import looks_like_burstgpt, read_burstgpt
 from traces.errors import Problem, TraceError, TraceFormatError
 from traces.model import Request, Session, Trace
 from traces.mooncake import build_sessions, looks_like_mooncake, parse_mooncake_line
 from traces.weka import parse_session, session_to_dict
 
 _NOT_ONE_DOCUMENT = object()
-_TRACE_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz", ".parquet")
+_TRACE_SUFFIXES = (
+    ".json",
+    ".jsonl",
+    ".json.gz",
+    ".jsonl.gz",
+    ".csv",
+    ".csv.gz",
+    ".parquet",
+)
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -68,6 +79,9 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
     if not stripped:
         problems.append(Problem(path=path, reason="empty file"))
         return [], "weka"
+    first_line = stripped.split(b"\n", 1)[0]
+    if looks_like_burstgpt(first_line):
+        return _parse_other(read_burstgpt, path, problems), "burstgpt"
     whole_error: orjson.JSONDecodeError | None = None
     try:
         whole = orjson.loads(data)
@@ -82,7 +96,6 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
         return ([session] if session else []), "weka"
     if isinstance(whole, list):
         return _parse_session_list(path, whole, problems), "weka"
-    first_line = stripped.split(b"\n", 1)[0]
     try:
         first = orjson.loads(first_line)
     except orjson.JSONDecodeError as line_error:
@@ -91,6 +104,9 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
         err = whole_error or line_error
         problems.append(_json_error(path, err.lineno, err))
         return [], "native"
+    # Bailian rows carry Mooncake's timestamp and input_length too: asked first.
+    if looks_like_bailian(first):
+        return _parse_other(read_bailian, path, problems), "bailian"
     if looks_like_mooncake(first):
         return _parse_mooncake(path, data, problems), "mooncake"
     sessions: list[Session] = []
@@ -107,6 +123,17 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
         if session is not None:
             sessions.append(session)
     return sessions, "native"
+
+
+def _parse_other(
+    reader: Callable[[Path], Trace], path: Path, problems: list[Problem]
+) -> list[Session]:
+    """A reader of its own format (Bailian, BurstGPT), its problems collected."""
+    try:
+        return list(reader(path).sessions)
+    except TraceFormatError as exc:
+        problems.extend(exc.problems)
+        return []
 
 
 def _parse_session_list(

@@ -12,7 +12,7 @@ import pytest
 
 from traces.bailian import looks_like_bailian, read_bailian
 from traces.errors import TraceFormatError
-from traces.io import read_trace, write_trace
+from traces.io import check_trace, read_trace, write_trace
 from traces.stats import trace_stats
 
 
@@ -99,3 +99,17 @@ def test_bailian_detection_rule() -> None:
     assert looks_like_bailian(ROWS[0])
     mooncake = {"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}
     assert not looks_like_bailian(mooncake)
+
+
+def test_bailian_file_is_detected_by_read_trace_and_validate(tmp_path: Path) -> None:
+    # read_trace (so `trace stats`, `validate` and `run`) finds the format itself;
+    # Mooncake's reader, which Bailian rows would also half-match, is not asked.
+    path = _write(tmp_path / "qwen.jsonl", ROWS)
+    trace = read_trace(path)
+    assert trace.source_format == "bailian"
+    assert trace.sessions == read_bailian(path).sessions
+    bad = _write(tmp_path / "bad.jsonl", [{**ROWS[0], "turn": "x"}, *ROWS[1:]])
+    loaded, problems = check_trace(bad)
+    assert loaded is None
+    assert problems
+    assert problems[0].line == 1

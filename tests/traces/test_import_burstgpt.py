@@ -99,3 +99,11 @@ def test_burstgpt_detection_rule() -> None:
     assert looks_like_burstgpt(V2_HEADER)
     assert looks_like_burstgpt(V1.splitlines()[0].encode())
     assert not looks_like_burstgpt("TIMESTAMP,ContextTokens,GeneratedTokens")
+
+
+def test_burstgpt_csv_is_detected_by_read_trace_file_and_folder(tmp_path: Path) -> None:
+    path = _write(tmp_path, V2)
+    trace = read_trace(path)
+    assert trace.source_format == "burstgpt"
+    assert trace.sessions == read_burstgpt(path).sessions
+    assert read_trace(path.parent).sessions == trace.sessions  # .csv in a folder
