@@ -49,7 +49,8 @@ from replayer.scrape import MetricsScraper
 from replayer.session import PromptBuilder, RunContext, request_body
 from traces.materialize import Materializer
 from traces.model import Trace
-from traces.stats import ideal_cached_tokens, ideal_hit_totals
+from traces.stats import ideal_hit_tokens
+from traces.table import request_column, request_extras
 
 T = TypeVar("T")
 StartGate = Callable[[], Awaitable[int]]  # returns the shared zero (perf-counter ns)
@@ -120,8 +121,9 @@ def sim_fit_warnings(
         peak = 0
         for s, _ in root.walk():
             scale = (config.prompt.block_tokens or s.block_size) / s.block_size
-            for r in s.requests:
-                peak = max(peak, int(r.input_tokens * scale))
+            inputs = request_column(s.requests, "input_tokens")
+            if inputs.size:
+                peak = max(peak, int(inputs.max() * scale))
         peaks.append(min(peak, config.prompt.max_input_tokens or peak))
     live = sum(sorted(peaks, reverse=True)[: schedule.concurrency])
     if live <= capacity:
@@ -191,11 +193,12 @@ def provider_cache_hit_rate(trace: Trace) -> float | None:
     imported agent log's own cache accounting); None when none does."""
     cached = total = 0
     for session, _ in trace.all_sessions():
-        for r in session.requests:
-            value = r.extra.get("provider_cached_tokens")
+        inputs = request_column(session.requests, "input_tokens")
+        for i, extra in request_extras(session.requests):
+            value = extra.get("provider_cached_tokens")
             if isinstance(value, int) and not isinstance(value, bool):
                 cached += value
-                total += r.input_tokens
+                total += int(inputs[i])
     return cached / total if total else None
 
 
@@ -258,8 +261,12 @@ async def replay_trace(
     clock = clock or MonotonicClock()
     meta = meta or RunMeta(run_id=new_run_id(), tool_version=__version__)
     # Before t0: everything slow. The ideal hit is a property of the whole trace.
-    ideal = await asyncio.to_thread(ideal_cached_tokens, trace)
-    hits, total_in = ideal_hit_totals(trace, ideal)
+    per_session = await asyncio.to_thread(ideal_hit_tokens, trace)
+    ideal = {s.session_id: hits for s, hits in per_session}
+    hits = sum(int(h.sum()) for _, h in per_session)
+    total_in = sum(
+        int(request_column(s.requests, "input_tokens").sum()) for s, _ in per_session
+    )
     meta = _run_meta(meta, trace, config, hits / total_in if total_in else None)
     trace = shard(trace, worker_id, config.workers)
     trace_requests = trace.request_count()

@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 
 from replayer.client import NOT_STREAMED, Outcome
@@ -29,7 +31,6 @@ if TYPE_CHECKING:
     from replayer.schedule import StopControl
     from traces.materialize import Materializer, Prompt
     from traces.model import Session
-    from traces.stats import RequestKey
 
 
 class PromptBuilder:
@@ -87,7 +88,8 @@ class RunContext:
     run_id: str
     worker_id: int
     t0_ns: int  # the shared zero: run-relative times are offsets from it
-    ideal_tokens: dict[RequestKey, int]  # trace-block tokens, per request
+    # Ideal hit of each request in trace tokens: session id → one per request index.
+    ideal_tokens: dict[str, npt.NDArray[np.int64]]
     admission: asyncio.Semaphore | None  # --max-inflight
 
     def rel(self, abs_ns: int) -> int:
@@ -225,7 +227,8 @@ def _base_record(
     materializer = ctx.prompts.materializer
     sent, dropped = materializer.sent_tokens(session, req)
     max_tokens = max(1, req.output_tokens)
-    trace_ideal = ctx.ideal_tokens.get((session.session_id, i), 0)
+    hits = ctx.ideal_tokens.get(session.session_id)
+    trace_ideal = int(hits[i]) if hits is not None and i < hits.size else 0
     bt = materializer.block_tokens_for(session)
     return RequestRecord(
         run_id=ctx.run_id,
