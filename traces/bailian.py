@@ -18,7 +18,6 @@ Every problem is reported with file, line and field; nothing is half-loaded.
 
 from __future__ import annotations
 
-import gzip
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from traces.errors import Problem, TraceError, TraceFormatError
+from traces.errors import Problem, TraceFormatError
 from traces.model import HashIds, Request, Session, Trace
+from traces.source import read_file_bytes
 
 BAILIAN_BLOCK_SIZE = 16
 _KNOWN = frozenset(
@@ -192,15 +192,7 @@ def read_bailian(path: Path | str) -> Trace:
     """Load a Bailian trace file (JSONL, gzip allowed); raise TraceFormatError listing
     every problem (file, line, field)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise TraceError(f"{path}: not a valid gzip file: {exc}") from exc
+    data = read_file_bytes(path)
     problems: list[Problem] = []
     rows: list[_Row] = []
     seen: dict[int | str, int] = {}

@@ -21,7 +21,6 @@ request of a session extending the previous one, with ``block_size``-token block
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import math
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from traces.errors import Problem, TraceError, TraceFormatError
 from traces.importers.prefix import CONTEXT_GROWTH, GrowthIds
 from traces.importers.threads import Call
 from traces.model import Request, Session, Trace
+from traces.source import read_file_bytes
 
 DEFAULT_BLOCK_SIZE = 64
 _REQUIRED = ("Timestamp", "Request tokens", "Response tokens")
@@ -186,15 +186,7 @@ def read_burstgpt(path: Path | str, *, block_size: int = DEFAULT_BLOCK_SIZE) -> 
     path = Path(path)
     if block_size < 1:
         raise TraceError(f"block size must be >= 1 (got {block_size})")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise TraceError(f"{path}: not a valid gzip file: {exc}") from exc
+    data = read_file_bytes(path)
     problems: list[Problem] = []
     try:
         text = data.decode("utf-8")

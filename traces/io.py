@@ -22,6 +22,7 @@ from traces.burstgpt import looks_like_burstgpt, read_burstgpt
 from traces.errors import Problem, TraceError, TraceFormatError
 from traces.model import Request, Session, Trace
 from traces.mooncake import build_sessions, looks_like_mooncake, parse_mooncake_line
+from traces.source import read_file_bytes
 from traces.weka import parse_session, session_to_dict
 
 _NOT_ONE_DOCUMENT = object()
@@ -34,19 +35,6 @@ _TRACE_SUFFIXES = (
     ".csv.gz",
     ".parquet",
 )
-
-
-def _read_bytes(path: Path) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise TraceError(f"{path}: not a valid gzip file: {exc}") from exc
-    return data
 
 
 def trace_files(path: Path) -> list[Path]:
@@ -74,7 +62,7 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
         from traces.store import read_store
 
         return list(read_store(path).sessions), "parquet"
-    data = _read_bytes(path)
+    data = read_file_bytes(path)
     stripped = data.lstrip()
     if not stripped:
         problems.append(Problem(path=path, reason="empty file"))

@@ -16,7 +16,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -386,10 +387,9 @@ def _earlier_prompts(
     return n, out, last
 
 
-def tokenizer_words(path: str) -> list[str]:
-    """Words (with their leading space) that are exactly one token each in the
-    tokenizer at ``path``, in vocabulary order; concatenated, they re-tokenize into
-    the same tokens."""
+def load_tokenizer(path: str | Path) -> Any:
+    """The ``tokenizers.Tokenizer`` of a local tokenizer.json (the optional
+    ``tokenizers`` package); TraceError when the package or the file is not usable."""
     try:
         from tokenizers import Tokenizer
     except ImportError as exc:
@@ -397,9 +397,16 @@ def tokenizer_words(path: str) -> list[str]:
             "--tokenizer needs the 'tokenizers' package (pip install tokenizers)"
         ) from exc
     try:
-        tok = Tokenizer.from_file(path)
+        return Tokenizer.from_file(str(path))
     except Exception as exc:  # the Rust side raises its own exception type
         raise TraceError(f"{path}: not a readable tokenizer.json: {exc}") from exc
+
+
+def tokenizer_words(path: str) -> list[str]:
+    """Words (with their leading space) that are exactly one token each in the
+    tokenizer at ``path``, in vocabulary order; concatenated, they re-tokenize into
+    the same tokens."""
+    tok = load_tokenizer(path)
     ids = list(range(tok.get_vocab_size()))
     decoded = tok.decode_batch([[i] for i in ids])
     candidates = [(i, d) for i, d in zip(ids, decoded, strict=True) if _WORD.match(d)]

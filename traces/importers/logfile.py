@@ -12,7 +12,6 @@ happened. Owns no knowledge of any agent's record schema.
 from __future__ import annotations
 
 import glob
-import gzip
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -24,6 +23,7 @@ from typing import Any
 import orjson
 
 from traces.errors import TraceError
+from traces.source import read_file_bytes
 
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz", ".json")
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -114,19 +114,6 @@ def expand_paths(patterns: Sequence[str | Path]) -> list[Path]:
     return list(out)
 
 
-def _read(path: Path) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise TraceError(f"{path}: not a valid gzip file: {exc}") from exc
-    return data
-
-
 def _is_record_view(data: bytes) -> bool:
     for line in data.splitlines():
         s = line.strip()
@@ -140,7 +127,7 @@ def read_records(
     path: Path, report: ImportReport
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line, record) for every usable record of ``path``; the rest is reported."""
-    data = _read(path)
+    data = read_file_bytes(path)
     if _is_record_view(data):
         yield from _record_view(path, data, report)
         return

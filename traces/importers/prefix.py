@@ -44,6 +44,7 @@ import numpy as np
 
 from traces.errors import TraceError
 from traces.importers.threads import Call
+from traces.materialize import load_tokenizer
 from traces.model import HashIds
 
 RESET_FRACTION = 0.8  # the same threshold traces.fit uses to spot compactions
@@ -131,18 +132,7 @@ class TokenIds:
     """Content-derived ids from a local tokenizer.json, shared across the trace."""
 
     def __init__(self, tokenizer: Path, key: bytes, block_size: int) -> None:
-        try:
-            from tokenizers import Tokenizer
-        except ImportError as exc:
-            raise TraceError(
-                "--tokenizer needs the 'tokenizers' package (pip install tokenizers)"
-            ) from exc
-        try:
-            self._tok = Tokenizer.from_file(str(tokenizer))
-        except Exception as exc:  # the Rust side raises its own exception type
-            raise TraceError(
-                f"{tokenizer}: not a readable tokenizer.json: {exc}"
-            ) from exc
+        self._tok = load_tokenizer(tokenizer)
         self.rule = f"token-ids:{tokenizer_digest(tokenizer)}"
         self.key = key
         self.block_size = block_size
