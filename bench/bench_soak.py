@@ -50,6 +50,16 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--sessions", type=int, default=2000)
     ap.add_argument("--prompt-cache-mb", type=int, default=256)
+    ap.add_argument(
+        "--sim-args",
+        default="--speed 20 --max-num-seqs 512",
+        help="the simulator's options (the default saturates it on purpose)",
+    )
+    ap.add_argument(
+        "--run-args",
+        default="",
+        help="more `replayer run` options, e.g. '--block-tokens 2'",
+    )
     args = ap.parse_args()
     duration = int(args.minutes * 60)
     with tempfile.TemporaryDirectory(prefix="replayer-soak-") as tmp:
@@ -63,8 +73,8 @@ def main() -> None:
             REPLAYER, "run", str(trace), "--concurrency", str(args.sessions),
             "--loop", "--duration", str(duration), "--drain", "cancel",
             "--prompt-cache-mb", str(args.prompt_cache_mb), "--quiet",
-            "--out", str(Path(tmp) / "run"),
-            "--sim-args", "--speed 20 --max-num-seqs 512",
+            "--out", str(Path(tmp) / "run"), *args.run_args.split(),
+            "--sim-args", args.sim_args,
         ]  # fmt: skip
         print(f"machine: nproc={os.cpu_count()} {platform.machine()}")
         print("command:", " ".join(cmd[1:]))
