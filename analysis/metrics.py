@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.errors import SloError
-from replayer.records import STATUSES
+from replayer.records import FAILED_STATUSES, STATUSES
 from traces.stats import PERCENTILE_METHOD
 from traces.stats import percentiles as percentiles  # the one definition
 
@@ -32,7 +32,7 @@ _NS_PER_MS = 1e6
 _NS_PER_S = 1e9
 # Statuses of rows that were sent and ended (an SLO can fail on them); "skipped" rows
 # were never sent and "cancelled" ones were cut by the end of the run.
-_ATTEMPTED = ("ok", "http_error", "timeout", "client_error")
+_ATTEMPTED = ("ok", *FAILED_STATUSES)
 
 
 def percentile(values: npt.ArrayLike, q: float) -> float:
@@ -212,19 +212,16 @@ def _chunk_stamps(
     return values[keep], rows[keep]
 
 
-def itl_coalesced_share(df: pd.DataFrame) -> float:
+def itl_coalesced_share(df: pd.DataFrame, itl: FloatArray | None = None) -> float:
     """Share of chunk gaps that are 0 ns: chunks that arrived in one network read
     and share its stamp. A large share means :func:`itl_ms` percentiles sit at 0
     and say little; read :func:`itl_spread_ms` beside them.
 
-    Formula: (gaps == 0) / gaps, over the gaps of :func:`itl_ms`. Population: that
-    of :func:`itl_ms`. NaN with no gap.
+    Formula: (gaps == 0) / gaps, over the gaps of :func:`itl_ms` (``itl``: those
+    gaps, when the caller has them). Population: that of :func:`itl_ms`. NaN with no
+    gap.
     """
-    values, rows = _chunk_stamps(df)
-    if values.size < 2:
-        return NAN
-    within = rows[1:] == rows[:-1]
-    gaps = np.diff(values)[within]
+    gaps = itl_ms(df) if itl is None else itl
     return float((gaps == 0).mean()) if gaps.size else NAN
 
 

@@ -192,6 +192,7 @@ def summarize(
         columns=("ttft_ms", "cached_tokens", "missed_tokens"),
     )
     lag = m.dispatch_lag_ms(df)
+    itl = m.itl_ms(df)  # pooled gaps, for ITL and its coalesced share
     tpot = m.describe(m.tpot_ms(df))
     lag_p50, lag_p99 = m.percentiles(lag, [50, 99])
     return Summary(
@@ -199,9 +200,9 @@ def summarize(
         counts=m.counts(df),
         ttft_ms=m.describe(m.ttft_ms(df)),
         tpot_ms=tpot,
-        itl_ms=m.describe(m.itl_ms(df)),
+        itl_ms=m.describe(itl),
         itl_spread_ms=m.describe(m.itl_spread_ms(df)),
-        itl_coalesced_share=m.itl_coalesced_share(df),
+        itl_coalesced_share=m.itl_coalesced_share(df, itl),
         e2e_ms=m.describe(m.e2e_ms(df)),
         # = m.interactivity_tok_s(df), from the TPOT percentiles already computed.
         interactivity_tok_s={q: _per_s(tpot[q]) for q in ("p50", "p90")},

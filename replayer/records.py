@@ -101,7 +101,7 @@ RECORD_SCHEMA = pa.schema(
 )
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
-_FAILED = ("http_error", "timeout", "client_error")  # sent, and failed
+FAILED_STATUSES = ("http_error", "timeout", "client_error")  # sent, and failed
 
 SERVER_METRICS_SCHEMA = pa.schema(
     [
@@ -145,7 +145,10 @@ def parse_metrics(text: str) -> list[tuple[str, str, float]]:
 def server_metrics_table(raw: pa.Table) -> tuple[pa.Table, int]:
     """Raw scrapes (SERVER_METRICS_RAW_SCHEMA) → samples (SERVER_METRICS_SCHEMA), and
     how many bodies could not be parsed."""
-    rows: list[tuple[int, str, str, float]] = []
+    stamps: list[int] = []
+    names: list[str] = []
+    labels: list[str] = []
+    values: list[float] = []
     bad = 0
     for now, body in zip(
         raw.column("scrape_ns").to_pylist(), raw.column("body").to_pylist(), strict=True
@@ -155,11 +158,12 @@ def server_metrics_table(raw: pa.Table) -> tuple[pa.Table, int]:
         except ValueError:
             bad += 1
             continue
-        rows.extend((now, name, labels, value) for name, labels, value in samples)
-    columns: list[list[Any]] = [[], [], [], []]
-    for row in rows:
-        for column, value in zip(columns, row, strict=True):
-            column.append(value)
+        stamps.extend([now] * len(samples))
+        for name, label, value in samples:
+            names.append(name)
+            labels.append(label)
+            values.append(value)
+    columns = (stamps, names, labels, values)
     arrays = [
         pa.array(c, type=f.type)
         for c, f in zip(columns, SERVER_METRICS_SCHEMA, strict=True)
@@ -241,7 +245,7 @@ class RunCounts:
         short_output: int = 0,
     ) -> RunCounts:
         """Counts from rows per status."""
-        failed = sum(by_status.get(s, 0) for s in _FAILED)
+        failed = sum(by_status.get(s, 0) for s in FAILED_STATUSES)
         return cls(
             not_streamed=not_streamed,
             short_output=short_output,
@@ -251,7 +255,7 @@ class RunCounts:
             skipped=by_status.get("skipped", 0),
             cancelled=by_status.get("cancelled", 0),
             trace_requests=trace_requests,
-            **{s: by_status.get(s, 0) for s in _FAILED},
+            **{s: by_status.get(s, 0) for s in FAILED_STATUSES},
         )
 
     def __add__(self, other: RunCounts) -> RunCounts:

@@ -24,11 +24,8 @@ from replayer.records import (
     SERVER_METRICS_RAW_DIR,
     SERVER_METRICS_RAW_SCHEMA,
     SERVER_METRICS_SCHEMA,
-    parse_metrics,
     server_metrics_table,
 )
-
-__all__ = ["MetricsScraper", "parse_metrics"]
 
 
 class MetricsScraper:

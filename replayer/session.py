@@ -52,11 +52,21 @@ class PromptBuilder:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="replayer-prompts")
 
     async def build(
-        self, session: Session, i: int, namespace: str, replay: int, max_tokens: int
+        self,
+        session: Session,
+        i: int,
+        namespace: str,
+        replay: int,
+        max_tokens: int,
+        *,
+        sent_tokens: int | None = None,
     ) -> tuple[Prompt, bytes]:
-        """Request ``i`` of ``session``: its prompt and the whole POST body."""
-        sent, _ = self.materializer.sent_tokens(session, session.requests[i])
-        if sent < self._inline_tokens:
+        """Request ``i`` of ``session``: its prompt and the whole POST body.
+        ``sent_tokens``: its size when the caller has it (``Materializer.sent_tokens``),
+        which decides where it is built."""
+        if sent_tokens is None:
+            sent_tokens, _ = self.materializer.sent_tokens(session, session.requests[i])
+        if sent_tokens < self._inline_tokens:
             return self._build(session, i, namespace, replay, max_tokens)
         loop = asyncio.get_running_loop()
         job = functools.partial(self._build, session, i, namespace, replay, max_tokens)
@@ -257,7 +267,12 @@ async def _request(
     session = place.session
     rec = _base_record(ctx, place, i, ctx.rel(due_abs), "ok")
     prompt, body = await ctx.prompts.build(
-        session, i, place.namespace, place.replay, rec.requested_output_tokens
+        session,
+        i,
+        place.namespace,
+        place.replay,
+        rec.requested_output_tokens,
+        sent_tokens=rec.prompt_tokens,  # _base_record's sent_tokens
     )
     rec.prompt_tokens = prompt.prompt_tokens
     rec.dropped_input_tokens = prompt.dropped_tokens
