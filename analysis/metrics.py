@@ -192,24 +192,22 @@ def itl_ms(df: pd.DataFrame) -> FloatArray:
     fewer than two chunks contributes no gap. A chunk carrying several tokens counts
     as one gap (what a user sees).
     """
-    values, rows = _chunk_stamps(df)
-    if values.size < 2:
-        return np.zeros(0, dtype=np.float64)
-    within = rows[1:] == rows[:-1]  # gap k joins chunks k and k+1 of one request
-    gaps: FloatArray = np.diff(values)[within] / _NS_PER_MS
-    return gaps
-
-
-def _chunk_stamps(
-    df: pd.DataFrame,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
-    """Every content chunk's arrival (flat) and its row, for ok, measured rows."""
+    keep = measured_ok(df)
     arr = pa.array(df["chunk_times_ns"])  # Arrow-backed column: no Python objects
     lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy()
     values = pc.list_flatten(arr).to_numpy()  # null lists contribute nothing
-    rows = np.repeat(np.arange(len(lengths)), lengths)
-    keep = np.repeat(measured_ok(df), lengths)
-    return values[keep], rows[keep]
+    if values.size < 2:
+        return np.zeros(0, dtype=np.float64)
+    # Gap k joins values k and k+1: valid when both are in one kept row, i.e. k+1
+    # does not start a row and k's row is kept. (No per-chunk row ids: on 10M rows
+    # that array alone is hundreds of MB.)
+    within = np.ones(values.size - 1, dtype=bool)
+    starts = np.cumsum(lengths)[:-1]  # flat index where each following row begins
+    starts = starts[(starts > 0) & (starts < values.size)]
+    within[starts - 1] = False
+    within &= np.repeat(keep, lengths)[:-1]
+    gaps: FloatArray = np.diff(values)[within] / _NS_PER_MS
+    return gaps
 
 
 def itl_coalesced_share(df: pd.DataFrame, itl: FloatArray | None = None) -> float:
@@ -235,19 +233,27 @@ def itl_spread_ms(df: pd.DataFrame) -> FloatArray:
     that of :func:`itl_ms` over the same span; the percentiles no longer collapse to
     0. Population: ok, measured rows.
     """
-    values, rows = _chunk_stamps(df)
+    keep = measured_ok(df)
+    arr = pa.array(df["chunk_times_ns"])  # Arrow-backed column: no Python objects
+    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy()
+    values = pc.list_flatten(arr).to_numpy()  # null lists contribute nothing
     if values.size < 2:
         return np.zeros(0, dtype=np.float64)
-    starts = np.ones(values.size, dtype=bool)  # a chunk that starts a read
-    starts[1:] = (values[1:] != values[:-1]) | (rows[1:] != rows[:-1])
-    first = np.flatnonzero(starts)
+    # Flat positions where a request's chunks begin; a read begins there or where
+    # the stamp changes. Per-read arrays only: no per-chunk row ids (memory-bound
+    # on 10M rows).
+    row_start = np.zeros(values.size, dtype=bool)
+    offsets = np.cumsum(lengths) - lengths
+    row_start[offsets[lengths > 0]] = True
+    new_read = row_start.copy()
+    new_read[1:] |= values[1:] != values[:-1]
+    first = np.flatnonzero(new_read)
     count = np.diff(np.append(first, values.size))  # chunks per read
-    stamp, row = values[first], rows[first]
-    same_row = np.zeros(first.size, dtype=bool)
-    same_row[1:] = row[1:] == row[:-1]  # reads after the request's first one
-    wait = np.diff(stamp, prepend=stamp[:1]).astype(np.float64)
-    spread: FloatArray = np.repeat(wait[same_row] / count[same_row], count[same_row])
-    return spread / _NS_PER_MS
+    wait_ms = np.diff(values[first], prepend=values[0]) / _NS_PER_MS
+    # Reads after the request's first one, of kept (ok, measured) requests.
+    sel = ~row_start[first] & np.repeat(keep, lengths)[first]
+    spread: FloatArray = np.repeat(wait_ms[sel] / count[sel], count[sel])
+    return spread
 
 
 def interactivity_tok_s(df: pd.DataFrame) -> dict[str, float]:
