@@ -162,6 +162,30 @@ def e2e_ms(df: pd.DataFrame) -> FloatArray:
     return v[~np.isnan(v)]
 
 
+def queued_ttft_ms(df: pd.DataFrame) -> FloatArray:
+    """Queue-inclusive time to first token per request, ms: from when the session
+    wanted to send, so client queueing (``--max-inflight``, a saturated client, a
+    late dispatch) counts, as a user waiting on the agent would see it.
+
+    Formula: (first_token_ns - scheduled_ns) / 1e6 = TTFT + dispatch lag.
+    Population: that of :func:`ttft_ms` (ok, measured rows with a first token).
+    """
+    v = (column(df, "first_token_ns") - column(df, "scheduled_ns"))[
+        measured_ok(df)
+    ] / _NS_PER_MS
+    return v[~np.isnan(v)]
+
+
+def queued_e2e_ms(df: pd.DataFrame) -> FloatArray:
+    """Queue-inclusive end-to-end latency per request, ms.
+
+    Formula: (end_ns - scheduled_ns) / 1e6 = E2E + dispatch lag. Population: that
+    of :func:`e2e_ms` (ok, measured rows).
+    """
+    v = (column(df, "end_ns") - column(df, "scheduled_ns"))[measured_ok(df)] / _NS_PER_MS
+    return v[~np.isnan(v)]
+
+
 def row_tpot_ms(df: pd.DataFrame) -> FloatArray:
     """Time per output token after the first of every row, ms (NaN where unknown).
 

@@ -19,6 +19,7 @@ from analysis.depth import by_depth, by_turn
 from analysis.errors import AnalysisError
 from analysis.load import Run, block_tokens_of
 from analysis.sessions import session_trees
+from analysis.steady import steady_state
 from replayer.records import RunMeta
 from traces.model import Trace
 
@@ -39,6 +40,11 @@ class Summary:
     itl_spread_ms: dict[str, float]  # each read's wait spread over its chunks
     itl_coalesced_share: float  # share of chunk gaps that are 0 ns
     e2e_ms: dict[str, float]
+    # From scheduled_ns (when the session wanted to send): client queueing included.
+    queued_ttft_ms: dict[str, float]
+    queued_e2e_ms: dict[str, float]
+    # The steady-state window and percentiles with CIs over it (analysis.steady).
+    steady_state: dict[str, Any] | None
     interactivity_tok_s: dict[str, float]  # p50, p90 (p90 = the slow end)
     e2e_norm_interactivity_tok_s: float
     throughput_tok_s: dict[str, Any]  # input, output, total, requests, per_gpu?
@@ -62,6 +68,9 @@ class Summary:
             "itl_spread_ms": self.itl_spread_ms,
             "itl_coalesced_share": self.itl_coalesced_share,
             "e2e_ms": self.e2e_ms,
+            "queued_ttft_ms": self.queued_ttft_ms,
+            "queued_e2e_ms": self.queued_e2e_ms,
+            "steady_state": self.steady_state,
             "interactivity_tok_s": self.interactivity_tok_s,
             "e2e_norm_interactivity_tok_s": self.e2e_norm_interactivity_tok_s,
             "throughput_tok_s": self.throughput_tok_s,
@@ -204,6 +213,9 @@ def summarize(
         itl_spread_ms=m.describe(m.itl_spread_ms(df)),
         itl_coalesced_share=m.itl_coalesced_share(df, itl),
         e2e_ms=m.describe(m.e2e_ms(df)),
+        queued_ttft_ms=m.describe(m.queued_ttft_ms(df)),
+        queued_e2e_ms=m.describe(m.queued_e2e_ms(df)),
+        steady_state=steady_state(df, seed=run.meta.seed),
         # = m.interactivity_tok_s(df), from the TPOT percentiles already computed.
         interactivity_tok_s={q: _per_s(tpot[q]) for q in ("p50", "p90")},
         e2e_norm_interactivity_tok_s=m.e2e_norm_interactivity_tok_s(df),

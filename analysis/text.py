@@ -25,9 +25,24 @@ def _get(*keys: str) -> Getter:
     return get
 
 
+def _ci(metric: str) -> Getter:
+    """The steady-state p90 CI of ``metric`` as "[low, high]"."""
+    get = _get("steady_state", metric, "ci", "p90")
+
+    def cell(d: dict[str, Any]) -> Any:
+        ci = get(d)
+        if not ci:
+            return None
+        return f"[{fmt_value(ci[0], 'num')}, {fmt_value(ci[1], 'num')}]"
+
+    return cell
+
+
 def fmt_value(value: Any, kind: str) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
+    if kind == "text":
+        return str(value)
     if kind == "pct":
         return f"{value:.1%}"
     if kind == "int":
@@ -52,6 +67,17 @@ ROWS: tuple[tuple[str, Getter, str], ...] = (
     ("ITL spread p90 (ms)", _get("itl_spread_ms", "p90"), "num"),
     ("E2E p50 (ms)", _get("e2e_ms", "p50"), "num"),
     ("E2E p90 (ms)", _get("e2e_ms", "p90"), "num"),
+    ("TTFT from scheduled p90 (ms)", _get("queued_ttft_ms", "p90"), "num"),
+    ("E2E from scheduled p90 (ms)", _get("queued_e2e_ms", "p90"), "num"),
+    ("steady window start (s)", _get("steady_state", "window", "start_s"), "num"),
+    ("steady window end (s)", _get("steady_state", "window", "end_s"), "num"),
+    ("steady TTFT p90 (ms)", _get("steady_state", "ttft_ms", "p90"), "num"),
+    ("  95% CI", _ci("ttft_ms"), "text"),
+    ("steady TTFT from sched. p90 (ms)", _get("steady_state", "queued_ttft_ms", "p90"), "num"),
+    ("steady TPOT p90 (ms)", _get("steady_state", "tpot_ms", "p90"), "num"),
+    ("  95% CI", _ci("tpot_ms"), "text"),
+    ("steady E2E p90 (ms)", _get("steady_state", "e2e_ms", "p90"), "num"),
+    ("  95% CI", _ci("e2e_ms"), "text"),
     ("interactivity p50 (tok/s/user)", _get("interactivity_tok_s", "p50"), "num"),
     ("interactivity p90 (tok/s/user)", _get("interactivity_tok_s", "p90"), "num"),
     (

@@ -41,6 +41,7 @@ from replayer.records import ModeInfo, RunMeta, TraceInfo
 from replayer.rundir import (
     check_new_run_dir,
     new_run_id,
+    read_run_json,
     trace_content_hash,
     write_run_json,
 )
@@ -100,11 +101,23 @@ def replay(
             meta = replace(meta, warnings=sim_fit_warnings(loaded, config, sim))
         if loaded is None:
             assert trace_path is not None
-            return replay_with_workers(trace_path, config, out, meta=meta)
-        ready: Trace = loaded
-        return run_async(
-            lambda: replay_trace(ready, config, out, meta=meta, progress=progress)
-        )
+            summary = replay_with_workers(trace_path, config, out, meta=meta)
+        else:
+            ready: Trace = loaded
+            summary = run_async(
+                lambda: replay_trace(ready, config, out, meta=meta, progress=progress)
+            )
+    _record_steady_state(summary)
+    return summary
+
+
+def _record_steady_state(summary: RunSummary) -> None:
+    """The finished run's steady-state window into its run.json (every worker's
+    rows: computed from the part files once the run is whole)."""
+    path = summary.run_dir / "run.json"
+    if summary.steady is not None and path.is_file():
+        meta = read_run_json(path)
+        write_run_json(path, replace(meta, steady_state=summary.steady.as_dict()))
 
 
 def sim_fit_warnings(

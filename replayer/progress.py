@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from replayer.clock import Clock
-from replayer.records import RunCounts, Status
+from replayer.records import RunCounts, Status, SteadyWindow, steady_window
 from traces.stats import percentiles
 
 _RECENT_TTFTS = 5000  # the status line's P90 is over the latest requests: bounded
@@ -108,6 +108,7 @@ class RunSummary:
     p90_ttft_ms: float | None  # ok, measured rows
     output_tok_s: float  # ok rows' output tokens / duration
     warnings: tuple[str, ...] = ()  # about the setup (run.json ``warnings``)
+    steady: SteadyWindow | None = None  # None: no request ended
 
     @property
     def requests(self) -> int:
@@ -150,10 +151,16 @@ def summarize_run(
     headline figures come from what was recorded, never from in-memory lists."""
     p90: float | None = None
     out_tokens = 0.0
+    steady: SteadyWindow | None = None
     parts = sorted((run_dir / "requests").glob("part-*.parquet"))
     if parts:
         table = ds.dataset(parts, format="parquet").to_table(
-            columns=["status", "ttft_ns", "output_tokens", "warmup"]
+            columns=["status", "ttft_ns", "output_tokens", "warmup", "start_ns", "end_ns"]
+        )
+        sent = table.filter(pc.invert(pc.equal(table["status"], "skipped")))
+        steady = steady_window(
+            sent["start_ns"].to_numpy(),
+            sent["end_ns"].to_numpy(),
         )
         ok = table.filter(pc.equal(table["status"], "ok"))
         out_tokens = float(pc.sum(ok["output_tokens"]).as_py() or 0)
@@ -171,4 +178,5 @@ def summarize_run(
         p90_ttft_ms=p90,
         output_tok_s=out_tokens / duration_s if duration_s > 0 else 0.0,
         warnings=warnings,
+        steady=steady,
     )

@@ -17,7 +17,11 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
+
+from traces.stats import mser_truncation
 
 Status = Literal["ok", "http_error", "timeout", "client_error", "cancelled", "skipped"]
 STATUSES: tuple[str, ...] = get_args(Status)
@@ -268,6 +272,108 @@ class RunCounts:
         )
 
 
+STEADY_METHOD = (
+    "MSER-5 on the requests in flight at the middle of each bin: head cut on the "
+    "series, tail cut on the reversed series, each with the other applied, "
+    "repeated until stable"
+)
+_MIN_STEADY_ROWS = 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SteadyWindow:
+    """A run's steady-state window (``run.json`` ``steady_state``): the ramp-up and
+    the drain tail cut off, by :data:`STEADY_METHOD` (see :func:`steady_window`).
+    Times are run-relative ns."""
+
+    start_ns: int  # window start (= run_start_ns when no ramp-up was found)
+    end_ns: int  # window end (= run_end_ns when no drain tail was found)
+    run_start_ns: int  # first request sent
+    run_end_ns: int  # last request ended
+    bins: int  # bins the span was cut into (0: too few requests, whole span kept)
+    method: str = STEADY_METHOD
+
+    @property
+    def head_s(self) -> float:
+        """Ramp-up cut off, s."""
+        return (self.start_ns - self.run_start_ns) / 1e9
+
+    @property
+    def tail_s(self) -> float:
+        """Drain tail cut off, s."""
+        return (self.run_end_ns - self.end_ns) / 1e9
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "start_s": self.start_ns / 1e9,
+            "end_s": self.end_ns / 1e9,
+            "length_s": (self.end_ns - self.start_ns) / 1e9,
+            "head_excluded_s": self.head_s,
+            "tail_excluded_s": self.tail_s,
+            "bins": self.bins,
+            "method": self.method,
+        }
+
+
+def steady_window(
+    start_ns: npt.ArrayLike, end_ns: npt.ArrayLike
+) -> SteadyWindow | None:
+    """The steady-state window of requests sent at ``start_ns`` and ended at
+    ``end_ns`` (run-relative; rows with either missing are ignored; None: none left).
+
+    The span from the first send to the last end is cut into bins (5 per 10
+    requests, between 50 and 500, a multiple of 5), and the load is the number of
+    requests in flight at each bin's middle: it climbs while lanes fill (or while a
+    queue builds) and falls while the run drains. The head cut is its MSER-5
+    truncation (:func:`traces.stats.mser_truncation`), the tail cut the same on the
+    reversed series. Each cut is made with the other applied (a tail's spread would
+    hide a ramp, and the reverse), alternately until neither moves; a cut that lands
+    on MSER's bound (half of what is left) found no truncation point and counts as
+    none. Completions per bin, the other obvious signal, were tried and left out:
+    being a count of random events, their noise drew MSER to spurious late cuts.
+    Fewer than 20 requests: the whole span, ``bins`` 0.
+    """
+    s = np.asarray(start_ns, dtype=np.float64)
+    e = np.asarray(end_ns, dtype=np.float64)
+    keep = ~(np.isnan(s) | np.isnan(e))
+    s, e = s[keep], e[keep]
+    if s.size == 0:
+        return None
+    lo, hi = int(s.min()), int(e.max())
+    if s.size < _MIN_STEADY_ROWS or hi <= lo:
+        return SteadyWindow(
+            start_ns=lo, end_ns=max(lo, hi), run_start_ns=lo, run_end_ns=hi, bins=0
+        )
+    nb = min(500, max(50, s.size // 10 * 5)) // 5 * 5
+    edges = np.linspace(lo, hi, nb + 1)
+    mid = (edges[:-1] + edges[1:]) / 2
+    inflight = (
+        np.searchsorted(np.sort(s), mid, side="right")
+        - np.searchsorted(np.sort(e), mid, side="right")
+    ).astype(np.float64)
+    head = tail = 0
+    for _ in range(8):  # capped in case two cuts keep trading places
+        head = _cut(inflight[: nb - tail])
+        new_tail = _cut(inflight[head:][::-1])
+        if new_tail == tail:
+            break
+        tail = new_tail
+    return SteadyWindow(
+        start_ns=int(edges[head]),
+        end_ns=int(edges[nb - tail]),
+        run_start_ns=lo,
+        run_end_ns=hi,
+        bins=nb,
+    )
+
+
+def _cut(y: npt.NDArray[np.float64]) -> int:
+    """The MSER-5 cut of ``y``, or 0 when it sits at MSER's bound (half the series:
+    White's rule, no truncation point found)."""
+    cut = mser_truncation(y)
+    return cut if cut < (y.size // 5) // 2 * 5 else 0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunMeta:
     """``run.json``, and the same JSON in every part file's metadata.
@@ -314,6 +420,9 @@ class RunMeta:
     # scraped, or the run did not finish).
     server_metrics: dict[str, Any] | None = None
     materializer: dict[str, Any] | None = None  # block cache statistics
+    # SteadyWindow.as_dict() of the finished run (None: not finished, or no request
+    # ended); ``analyze`` recomputes it from the rows by the same function.
+    steady_state: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

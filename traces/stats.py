@@ -293,3 +293,36 @@ def trace_stats(trace: Trace) -> TraceStats:
         hash_id_scopes=sorted({s.hash_id_scope for s, _ in sessions}),
         source_format=trace.source_format,
     )
+
+
+def mser_truncation(series: npt.ArrayLike, *, batch: int = 5) -> int:
+    """MSER-``batch`` truncation point of ``series``: how many leading observations
+    are an initial transient (White 1997; MSER-5 is Franklin and White's default).
+
+    The series is cut into means of ``batch`` consecutive points Z_1..Z_k (a partial
+    last batch is dropped). For each candidate d (0 ≤ d ≤ k/2, the customary bound:
+    a transient longer than half the run is not a transient but the run),
+
+        MSER(d) = Σ_{j>d} (Z_j - mean(Z_{d+1..k}))² / (k - d)²
+
+    (the squared standard error of the truncated mean); the d with the least MSER
+    wins (the first on ties) and ``d * batch`` observations are cut. Fewer than two
+    batches: nothing is cut. NaNs are not allowed.
+    """
+    y = np.asarray(series, dtype=np.float64)
+    k = y.size // batch
+    if k < 2:
+        return 0
+    z = y[: k * batch].reshape(k, batch).mean(axis=1)
+    # Suffix sums give every candidate's mean and squared deviations in one pass.
+    s1 = np.cumsum(z[::-1])[::-1]
+    s2 = np.cumsum((z * z)[::-1])[::-1]
+    d = np.arange(k // 2 + 1)
+    m = k - d
+    sse = np.maximum(s2[d] - s1[d] * s1[d] / m, 0.0)
+    mser = sse / (m * m)
+    # Round-off in the suffix sums makes equal MSERs (a flat series) differ in the
+    # last bits: values within 1e-10 of the series' own scale tie, and ties go to
+    # the earliest truncation.
+    tol = 1e-10 * float(s2[0]) / (k * k)
+    return int(np.flatnonzero(mser <= float(mser.min()) + tol)[0]) * batch

@@ -256,3 +256,26 @@ def test_session_prompt_cache_stays_within_its_bound() -> None:
     s = session("s", [request(blocks=5, block_size=64)], block_size=64)
     assert none.prompt(s, 0, "s").fragment == m.prompt(s, 0, "s").fragment
     assert none._cache_bytes == 0
+
+
+async def test_queue_inclusive_ttft_of_a_replay_with_a_client_cap(
+    replay_fake: ReplayFake,
+) -> None:
+    # Two sessions want to send at 0; --max-inflight 1 makes the second wait for the
+    # first (10 ms TTFT, one token): its queue-inclusive TTFT is 10 ms longer.
+    trace = trace_of(*(growing_session(f"s{i}", 1, out=1) for i in range(2)))
+    run = await replay_fake(
+        trace,
+        schedule=Lanes(concurrency=2),
+        max_inflight=1,
+        client={"ttft_ns": 10_000_000, "tokens": 1},
+    )
+    from analysis import metrics as m  # the figure analyze reports, on these rows
+    from analysis.load import load_run
+
+    df = m.numeric_view(load_run(run.run_dir).requests).sort_values("start_ns")
+    queued = (df["first_token_ns"] - df["scheduled_ns"]).tolist()
+    service = df["ttft_ns"].tolist()
+    assert service == [10_000_000, 10_000_000]
+    assert queued == [10_000_000, 20_000_000]
+    assert sorted(m.queued_ttft_ms(df)) == [10.0, 20.0]

@@ -1,0 +1,213 @@
+"""Steady-state figures and SLO verdicts: percentiles over a run's steady-state window
+with confidence intervals.
+
+The window is :func:`replayer.records.steady_window` (MSER-5; its docstring is the
+definition), computed from the rows, so a run recorded before the window existed gets
+one too. Within it, the population of each metric is the one ``analysis.metrics``
+gives it, restricted to requests *sent* inside the window.
+
+Confidence intervals of a percentile: the percentile bootstrap (seeded resamples of
+the requests, :data:`RESAMPLES` of them) up to :data:`EXACT_BOOTSTRAP_MAX` values;
+above that, the distribution-free order-statistic interval (ranks n·p ± z·√(n·p·(1-p))
+of the sorted values), which is what the bootstrap interval of a percentile converges
+to and costs one sort instead of thousands of resamples.
+
+Pure: a request DataFrame in, dicts out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from analysis import metrics as m
+from analysis.compare import bootstrap
+from replayer.records import SteadyWindow, steady_window
+
+FloatArray = npt.NDArray[np.float64]
+RESAMPLES = 1000
+EXACT_BOOTSTRAP_MAX = 5000
+CONFIDENCE = 0.95
+QUANTILES = (50.0, 90.0, 99.0)
+
+# The steady-state metrics: name → metric function (its population and formula).
+METRICS: dict[str, Callable[[pd.DataFrame], FloatArray]] = {
+    "ttft_ms": m.ttft_ms,
+    "queued_ttft_ms": m.queued_ttft_ms,
+    "tpot_ms": m.tpot_ms,
+    "e2e_ms": m.e2e_ms,
+    "queued_e2e_ms": m.queued_e2e_ms,
+}
+# What an SLO on each metric is judged on: the queue-inclusive latencies (a request
+# that waited in the client for a slot waited all the same); TPOT has no queue.
+SLO_METRICS = {"ttft_ms": "queued_ttft_ms", "tpot_ms": "tpot_ms", "e2e_ms": "queued_e2e_ms"}
+_COLUMNS = (
+    "status",
+    "warmup",
+    "scheduled_ns",
+    "start_ns",
+    "first_token_ns",
+    "end_ns",
+    "ttft_ns",
+    "e2e_ns",
+    "tpot_ns",
+    "prompt_tokens",
+    "output_tokens",
+)
+
+
+def window_of(df: pd.DataFrame) -> SteadyWindow | None:
+    """The steady-state window of a run's rows (sent rows: not ``skipped``)."""
+    sent = ~m.has_status(df, "skipped")
+    return steady_window(
+        m.column(df, "start_ns")[sent], m.column(df, "end_ns")[sent]
+    )
+
+
+def in_window(df: pd.DataFrame, window: SteadyWindow) -> pd.DataFrame:
+    """The rows sent inside ``window`` (only the columns the figures read)."""
+    start = m.column(df, "start_ns")
+    keep = (start >= window.start_ns) & (start <= window.end_ns)
+    return df.loc[keep, [c for c in _COLUMNS if c in df.columns]]
+
+
+def percentile_ci(
+    values: npt.ArrayLike,
+    qs: Sequence[float],
+    *,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> list[tuple[float, float, float]]:
+    """(percentile, CI low, CI high) for each q in ``qs`` (module docstring: the
+    bootstrap, or the order-statistic interval for large samples). NaNs dropped; no
+    values: NaNs."""
+    x = np.asarray(values, dtype=np.float64)
+    x = np.sort(x[~np.isnan(x)])
+    n = x.size
+    points = m.percentiles(x, qs)
+    if n == 0:
+        return [(math.nan, math.nan, math.nan) for _ in qs]
+    alpha = (1.0 - confidence) / 2
+    out = []
+    if n <= EXACT_BOOTSTRAP_MAX:
+        rng = np.random.default_rng(seed)
+        qs_list = list(qs)
+
+        def stat(rows: FloatArray) -> FloatArray:
+            # One column per resample, one row per quantile.
+            res: FloatArray = np.percentile(
+                rows, qs_list, axis=-1, method=m.PERCENTILE_METHOD
+            )
+            return res.T
+
+        boot = bootstrap(x, stat, resamples=RESAMPLES, rng=rng)  # (resamples, len(qs))
+        boot = boot.reshape(RESAMPLES, len(qs_list))
+        lo = np.quantile(boot, alpha, axis=0)
+        hi = np.quantile(boot, 1 - alpha, axis=0)
+        return [
+            (p, float(a), float(b)) for p, a, b in zip(points, lo, hi, strict=True)
+        ]
+    z = NormalDist().inv_cdf(1 - alpha)
+    for q, p in zip(qs, points, strict=True):
+        frac = q / 100.0
+        half = z * math.sqrt(n * frac * (1 - frac))
+        r_lo = max(0, math.floor(n * frac - half) - 1)
+        r_hi = min(n - 1, math.ceil(n * frac + half))
+        out.append((p, float(x[r_lo]), float(x[r_hi])))
+    return out
+
+
+def _figure(values: FloatArray, seed: int) -> dict[str, Any]:
+    cis = percentile_ci(values, QUANTILES, seed=seed)
+    out: dict[str, Any] = {
+        f"p{q:g}": point for q, (point, _, _) in zip(QUANTILES, cis, strict=True)
+    }
+    out["count"] = int(np.count_nonzero(~np.isnan(values)))
+    out["ci"] = {
+        f"p{q:g}": [lo, hi] for q, (_, lo, hi) in zip(QUANTILES, cis, strict=True)
+    }
+    return out
+
+
+def steady_state(df: pd.DataFrame, *, seed: int = 0) -> dict[str, Any] | None:
+    """The ``steady_state`` block of ``analyze --json``: the window, and over it
+    each latency's p50/p90/p99 with their CIs, and the throughput (None: no request
+    ended)."""
+    window = window_of(df)
+    if window is None:
+        return None
+    sub = in_window(df, window)
+    out: dict[str, Any] = {
+        "window": window.as_dict(),
+        "requests": int(m.measured_ok(sub).sum()),
+        "confidence": CONFIDENCE,
+    }
+    for name, fn in METRICS.items():
+        out[name] = _figure(fn(sub), seed)
+    tp = m.throughput_tok_s(sub)
+    out["throughput_tok_s"] = {
+        k: tp[k] for k in ("input", "output", "total", "requests")
+    }
+    return out
+
+
+def slo_verdict(
+    df: pd.DataFrame, slo: m.Slo, *, percentile: float = 90.0, seed: int = 0
+) -> dict[str, Any]:
+    """Whether the run meets ``slo`` at ``percentile`` over its steady-state window.
+
+    Each objective is judged on the queue-inclusive latency (:data:`SLO_METRICS`).
+    A metric passes when its percentile is ≤ the target; it is ``borderline`` when
+    its CI contains the target (more requests could tip it). The run passes when
+    every metric passes and at least one request in the window succeeded.
+    ``reasons`` say, for each failing metric, value against target.
+    """
+    window = window_of(df)
+    sub = in_window(df, window) if window is not None else df.iloc[:0]
+    checks = []
+    for key, target in slo.as_dict().items():
+        metric = SLO_METRICS[key]
+        ((value, lo, hi),) = percentile_ci(METRICS[metric](sub), [percentile], seed=seed)
+        ok = bool(value <= target)  # NaN (no data) fails
+        checks.append(
+            {
+                "slo": key,
+                "metric": metric,
+                "target_ms": target,
+                "value_ms": value,
+                "ci_ms": [lo, hi],
+                "pass": ok,
+                "borderline": bool(lo <= target <= hi),
+            }
+        )
+    n_ok = int(m.measured_ok(sub).sum())
+    reasons = [
+        f"{c['metric'].removesuffix('_ms')} p{percentile:g} "
+        f"{_ms(c['value_ms'])} > {_ms(c['target_ms'])} "
+        f"(CI {_ms(c['ci_ms'][0])}–{_ms(c['ci_ms'][1])})"
+        for c in checks
+        if not c["pass"] and not math.isnan(c["value_ms"])
+    ]
+    if n_ok == 0:
+        reasons.insert(0, "no request succeeded in the steady-state window")
+    return {
+        "pass": n_ok > 0 and all(c["pass"] for c in checks),
+        "borderline": any(c["borderline"] for c in checks),
+        "percentile": percentile,
+        "checks": checks,
+        "reasons": reasons,
+        "window": window.as_dict() if window is not None else None,
+        "requests": n_ok,
+    }
+
+
+def _ms(v: float) -> str:
+    if math.isnan(v):
+        return "-"
+    return f"{v / 1000:.3g} s" if v >= 1000 else f"{v:.3g} ms"
