@@ -258,6 +258,19 @@ def load_sweep(path: str | Path, *, columns: Sequence[str] | None = None) -> Swe
     return Sweep(path=path, levels=tuple(r.name for r in runs), runs=runs)
 
 
+def load_capacity(path: str | Path) -> dict[str, Any] | None:
+    """A capacity folder's ``capacity.json`` (``replayer.capacity``), or None when
+    ``path`` is not one."""
+    doc = _read_json(Path(path) / "capacity.json")
+    if doc is None:
+        return None
+    if not isinstance(doc.get("cells"), list) or not isinstance(
+        doc.get("result"), dict
+    ):
+        raise AnalysisError(f"{Path(path) / 'capacity.json'}: not a capacity search")
+    return doc
+
+
 def load_runs(
     paths: Sequence[str | Path], *, columns: Sequence[str] | None = None
 ) -> list[Run]:

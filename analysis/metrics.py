@@ -182,7 +182,9 @@ def queued_e2e_ms(df: pd.DataFrame) -> FloatArray:
     Formula: (end_ns - scheduled_ns) / 1e6 = E2E + dispatch lag. Population: that
     of :func:`e2e_ms` (ok, measured rows).
     """
-    v = (column(df, "end_ns") - column(df, "scheduled_ns"))[measured_ok(df)] / _NS_PER_MS
+    v = (column(df, "end_ns") - column(df, "scheduled_ns"))[
+        measured_ok(df)
+    ] / _NS_PER_MS
     return v[~np.isnan(v)]
 
 

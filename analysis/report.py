@@ -94,6 +94,76 @@ def pareto_plot(table: pd.DataFrame) -> str:
     return _png(fig)
 
 
+def capacity_plot(doc: dict[str, Any]) -> str:
+    """A capacity search (``capacity.json``): each SLO metric's percentile against
+    the level, one panel per metric, with the target line, the CI of each cell, and
+    the knee (the highest level within the SLO) marked."""
+    return _png(capacity_figure(doc))
+
+
+def capacity_figure(doc: dict[str, Any]) -> Any:
+    """The figure of :func:`capacity_plot`."""
+    search, result = doc["search"], doc["result"]
+    cells = sorted(doc["cells"], key=lambda c: (c["level"], c["duration_s"]))
+    # The last cell run at each level decides it (a widened one over its first).
+    decided = {c["level"]: c for c in doc["cells"]}
+    slos = list(search["slo"])
+    fig, axes = _figure(rows=max(1, len(slos)), height=3.0)
+    pct = search["percentile"]
+    what = (
+        "session rate (trees/s)"
+        if search["mode"] == "session_rate"
+        else ("concurrent session trees")
+    )
+    for ax, key in zip(axes, slos, strict=False):
+        target = search["slo"][key]
+        for ok, marker, colour, label in (
+            (True, "o", "C2", "within SLO"),
+            (False, "x", "C3", "over SLO"),
+        ):
+            pts = [c for c in cells if decided[c["level"]] is c and c["pass"] == ok]
+            checks = [next(k for k in c["checks"] if k["slo"] == key) for c in pts]
+            x = [c["level"] for c in pts]
+            y = [k["value_ms"] for k in checks]
+            err = [
+                [max(0.0, k["value_ms"] - k["ci_ms"][0]) for k in checks],
+                [max(0.0, k["ci_ms"][1] - k["value_ms"]) for k in checks],
+            ]
+            if x:
+                ax.errorbar(x, y, yerr=err, fmt=marker, color=colour, label=label,
+                            capsize=3)  # fmt: skip
+        ax.axhline(target, color="#555", ls="--", lw=1, label=f"SLO {target:g} ms")
+        knee = result.get("max_level")
+        if knee:
+            ax.axvline(knee, color="C0", lw=1, label=f"knee: {knee:g}")
+        if len({c["level"] for c in cells}) > 2:
+            # The ramp is geometric: a log axis spaces its levels evenly.
+            from matplotlib.ticker import FuncFormatter
+
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        values = [
+            k["value_ms"]
+            for c in cells
+            for k in c["checks"]
+            if k["slo"] == key and k["value_ms"] and k["value_ms"] > 0
+        ]
+        if values and max([*values, target]) > 10 * min([*values, target]):
+            # Past the knee latencies run away: on a linear axis everything within
+            # the SLO would sit flat on the target line.
+            ax.set_yscale("log")
+        name = key.removesuffix("_ms").upper()
+        queued = " from scheduled send" if key != "tpot_ms" else ""
+        ax.set_ylabel(f"{name} p{pct:g}{queued} (ms)")
+        ax.set_xlabel(what)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc="upper left")
+    axes[0].set_title(
+        f"Capacity search: p{pct:g} over each cell's steady-state window (bars: 95% CI)"
+    )
+    return fig
+
+
 def _gauge(sm: pd.DataFrame, metric: str) -> pd.Series:
     rows = sm[sm["metric"] == metric]
     return rows.groupby("scrape_ns")["value"].mean()
@@ -277,6 +347,7 @@ def render_html(
     summaries: Sequence[dict[str, Any]],
     *,
     sweep: pd.DataFrame | None = None,
+    capacity: dict[str, Any] | None = None,
 ) -> str:
     """The whole report as one HTML document (no external resources)."""
     parts = [
@@ -300,6 +371,16 @@ def render_html(
     parts.append("<h2>Latency</h2>")
     parts.append(cdf_plot(runs, "ttft_ms"))
     parts.append(cdf_plot(runs, "e2e_ms"))
+    if capacity is not None and capacity.get("cells"):
+        result = capacity["result"]
+        parts.append("<h2>Capacity under the SLO</h2>")
+        parts.append(
+            f"<p>Highest level within the SLO: <b>{result['max_level']:g}</b>"
+            f" ({html.escape(result['status'])}); "
+            + html.escape("; ".join(result["failed_because"]) or "no failing level")
+            + "</p>"
+        )
+        parts.append(capacity_plot(capacity))
     if sweep is not None and not sweep.empty:
         parts.append("<h2>Sweep</h2>")
         parts.append(pareto_plot(sweep))

@@ -29,6 +29,7 @@ import pandas as pd
 from analysis import metrics as m
 from analysis.compare import bootstrap
 from replayer.records import SteadyWindow, steady_window
+from traces.stats import PERCENTILE_METHOD
 
 FloatArray = npt.NDArray[np.float64]
 RESAMPLES = 1000
@@ -46,8 +47,13 @@ METRICS: dict[str, Callable[[pd.DataFrame], FloatArray]] = {
 }
 # What an SLO on each metric is judged on: the queue-inclusive latencies (a request
 # that waited in the client for a slot waited all the same); TPOT has no queue.
-SLO_METRICS = {"ttft_ms": "queued_ttft_ms", "tpot_ms": "tpot_ms", "e2e_ms": "queued_e2e_ms"}
-_COLUMNS = (
+SLO_METRICS = {
+    "ttft_ms": "queued_ttft_ms",
+    "tpot_ms": "tpot_ms",
+    "e2e_ms": "queued_e2e_ms",
+}
+# The request columns the steady-state figures read.
+COLUMNS = (
     "status",
     "warmup",
     "scheduled_ns",
@@ -65,16 +71,14 @@ _COLUMNS = (
 def window_of(df: pd.DataFrame) -> SteadyWindow | None:
     """The steady-state window of a run's rows (sent rows: not ``skipped``)."""
     sent = ~m.has_status(df, "skipped")
-    return steady_window(
-        m.column(df, "start_ns")[sent], m.column(df, "end_ns")[sent]
-    )
+    return steady_window(m.column(df, "start_ns")[sent], m.column(df, "end_ns")[sent])
 
 
 def in_window(df: pd.DataFrame, window: SteadyWindow) -> pd.DataFrame:
     """The rows sent inside ``window`` (only the columns the figures read)."""
     start = m.column(df, "start_ns")
     keep = (start >= window.start_ns) & (start <= window.end_ns)
-    return df.loc[keep, [c for c in _COLUMNS if c in df.columns]]
+    return df.loc[keep, [c for c in COLUMNS if c in df.columns]]
 
 
 def percentile_ci(
@@ -101,18 +105,14 @@ def percentile_ci(
 
         def stat(rows: FloatArray) -> FloatArray:
             # One column per resample, one row per quantile.
-            res: FloatArray = np.percentile(
-                rows, qs_list, axis=-1, method=m.PERCENTILE_METHOD
-            )
-            return res.T
+            res = np.percentile(rows, qs_list, axis=-1, method=PERCENTILE_METHOD)
+            return np.asarray(res, dtype=np.float64).T
 
         boot = bootstrap(x, stat, resamples=RESAMPLES, rng=rng)  # (resamples, len(qs))
         boot = boot.reshape(RESAMPLES, len(qs_list))
         lo = np.quantile(boot, alpha, axis=0)
         hi = np.quantile(boot, 1 - alpha, axis=0)
-        return [
-            (p, float(a), float(b)) for p, a, b in zip(points, lo, hi, strict=True)
-        ]
+        return [(p, float(a), float(b)) for p, a, b in zip(points, lo, hi, strict=True)]
     z = NormalDist().inv_cdf(1 - alpha)
     for q, p in zip(qs, points, strict=True):
         frac = q / 100.0
@@ -170,10 +170,12 @@ def slo_verdict(
     """
     window = window_of(df)
     sub = in_window(df, window) if window is not None else df.iloc[:0]
-    checks = []
+    checks: list[dict[str, Any]] = []
     for key, target in slo.as_dict().items():
         metric = SLO_METRICS[key]
-        ((value, lo, hi),) = percentile_ci(METRICS[metric](sub), [percentile], seed=seed)
+        ((value, lo, hi),) = percentile_ci(
+            METRICS[metric](sub), [percentile], seed=seed
+        )
         ok = bool(value <= target)  # NaN (no data) fails
         checks.append(
             {
@@ -190,7 +192,7 @@ def slo_verdict(
     reasons = [
         f"{c['metric'].removesuffix('_ms')} p{percentile:g} "
         f"{_ms(c['value_ms'])} > {_ms(c['target_ms'])} "
-        f"(CI {_ms(c['ci_ms'][0])}–{_ms(c['ci_ms'][1])})"
+        f"(CI {_ms(c['ci_ms'][0])} to {_ms(c['ci_ms'][1])})"
         for c in checks
         if not c["pass"] and not math.isnan(c["value_ms"])
     ]

@@ -73,7 +73,11 @@ ROWS: tuple[tuple[str, Getter, str], ...] = (
     ("steady window end (s)", _get("steady_state", "window", "end_s"), "num"),
     ("steady TTFT p90 (ms)", _get("steady_state", "ttft_ms", "p90"), "num"),
     ("  95% CI", _ci("ttft_ms"), "text"),
-    ("steady TTFT from sched. p90 (ms)", _get("steady_state", "queued_ttft_ms", "p90"), "num"),
+    (
+        "steady TTFT from sched. p90 (ms)",
+        _get("steady_state", "queued_ttft_ms", "p90"),
+        "num",
+    ),
     ("steady TPOT p90 (ms)", _get("steady_state", "tpot_ms", "p90"), "num"),
     ("  95% CI", _ci("tpot_ms"), "text"),
     ("steady E2E p90 (ms)", _get("steady_state", "e2e_ms", "p90"), "num"),

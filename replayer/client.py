@@ -152,6 +152,22 @@ class Client:
         data = obj.get("data") if isinstance(obj, dict) else None
         return [str(m.get("id")) for m in data or () if isinstance(m, dict)]
 
+    async def reset_cache(self) -> str | None:
+        """POST the server's prefix-cache reset (vLLM's, then SGLang's route); the
+        URL that answered 2xx (credentials removed), or None when neither did or the
+        server is unreachable (the caller says so: a reset is best effort)."""
+        headers = {k: v for k, v in self._headers.items() if k == "Authorization"}
+        for url in self.endpoint.reset_cache_urls():
+            try:
+                async with asyncio.timeout(self.endpoint.connect_timeout_s + 20):
+                    async with self.session.post(url, headers=headers) as resp:
+                        await resp.read()
+                        if 200 <= resp.status < 300:
+                            return public_url(url)
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                return None
+        return None
+
     async def send(self, body: bytes, out: Outcome | None = None) -> Outcome:
         """POST ``body`` and stream the response into ``out``; failures are recorded,
         not raised. Cancelled, it re-raises, and ``out`` keeps the send time, the first

@@ -78,6 +78,12 @@ class EndpointConfig:
         """The server's Prometheus ``/metrics`` (at its root, beside ``/v1``)."""
         return self._at("/metrics")
 
+    def reset_cache_urls(self) -> tuple[str, ...]:
+        """Prefix-cache reset routes at the server's root, tried in order: vLLM's
+        ``/reset_prefix_cache`` (served with VLLM_SERVER_DEV_MODE=1), SGLang's
+        ``/flush_cache``."""
+        return (self._at("/reset_prefix_cache"), self._at("/flush_cache"))
+
     def as_metadata(self) -> dict[str, Any]:
         """JSON-ready, without the API key or credentials in the URL."""
         d = {k: v for k, v in asdict(self).items() if k != "api_key"}

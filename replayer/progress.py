@@ -155,7 +155,14 @@ def summarize_run(
     parts = sorted((run_dir / "requests").glob("part-*.parquet"))
     if parts:
         table = ds.dataset(parts, format="parquet").to_table(
-            columns=["status", "ttft_ns", "output_tokens", "warmup", "start_ns", "end_ns"]
+            columns=[
+                "status",
+                "ttft_ns",
+                "output_tokens",
+                "warmup",
+                "start_ns",
+                "end_ns",
+            ]
         )
         sent = table.filter(pc.invert(pc.equal(table["status"], "skipped")))
         steady = steady_window(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import secrets
 import time
@@ -42,11 +43,24 @@ def check_new_run_dir(run_dir: Path) -> None:
         raise ConfigError(f"{run_dir}: already holds a run; choose another --out")
 
 
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN: "unavailable") as None, recursively,
+    so that it prints as strict JSON (null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
-    """Write ``obj`` to ``path`` through a temporary file: readers never see half."""
+    """Write ``obj`` to ``path`` through a temporary file: readers never see half.
+    Strict JSON: NaN is written as null."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+        tmp.write_text(json.dumps(strict_json(obj), indent=2, default=str) + "\n")
         tmp.replace(path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

@@ -83,7 +83,7 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 # Studies run many replays and judge them: they sit above engine and analysis.
-_STUDIES = {"sweep.py"}
+_STUDIES = {"sweep.py", "capacity.py"}
 _ENTRY = {"__main__.py"}  # `python -m replayer` is the command line
 # The request path: from the schedule to the recorder.
 _REQUEST_PATH = {

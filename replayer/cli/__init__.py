@@ -22,13 +22,16 @@ def main() -> None:
 def _register_subcommands() -> None:
     # Each of these modules defines click commands with lazy heavy imports.
     from replayer.cli.analysis import analyze, compare, report
+    from replayer.cli.capacity import capacity
     from replayer.cli.demo import demo
     from replayer.cli.generate import generate
     from replayer.cli.run import run, sweep
     from replayer.cli.trace import trace
     from replayer.sim.cli import sim
 
-    for command in (trace, sim, run, sweep, demo, generate, analyze, compare, report):
+    for command in (
+        trace, sim, run, sweep, capacity, demo, generate, analyze, compare, report
+    ):
         main.add_command(command)
 
 

@@ -131,6 +131,7 @@ def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
     prints {"runs": [summary, ...]} plus "sweeps": [{"path", "levels": [...]}] with
     each level's Pareto flag.
     """
+    from analysis.load import load_capacity
     from analysis.sweep import sweep_table
     from analysis.text import format_positions, format_summaries, format_sweep
     from replayer.cli.output import echo_json
@@ -138,6 +139,8 @@ def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
     with errors_as_messages():
         runs, sweeps = _load(run_dirs)
         summaries = _summaries(runs, **options)
+        # A capacity folder is a sweep with the search's result beside it.
+        capacities = [load_capacity(p) for p, _ in sweeps]
     by_path = {s["run"]["path"]: s for s in summaries}
     tables = [
         (p, sweep_table([by_path[str(r.path)] for r in level_runs]))
@@ -151,8 +154,12 @@ def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
             {
                 "runs": summaries,
                 "sweeps": [
-                    {"path": str(p), "levels": t.to_dict(orient="records")}
-                    for p, t in tables
+                    {
+                        "path": str(p),
+                        "levels": t.to_dict(orient="records"),
+                        **({"capacity": c["result"]} if c else {}),
+                    }
+                    for (p, t), c in zip(tables, capacities, strict=True)
                 ],
             }
         )
@@ -160,9 +167,14 @@ def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
     click.echo(format_summaries(summaries))
     if len(summaries) == 1 and not sweeps:
         click.echo("\n" + format_positions(summaries[0]))
-    for p, table in tables:
+    for (p, table), cap in zip(tables, capacities, strict=True):
         click.echo(f"\nsweep {p} (* = on the Pareto front)")
         click.echo(format_sweep(table))
+        if cap:
+            from replayer.cli.capacity import format_capacity
+
+            click.echo(f"\ncapacity search {p}")
+            click.echo(format_capacity(cap))
 
 
 @click.command("compare")
@@ -212,6 +224,7 @@ def compare(run_a: Path, run_b: Path, as_json: bool, resamples: int, seed: int) 
 @_with_analysis_options
 def report(run_dirs: tuple[Path, ...], out: Path, **options: Any) -> None:
     """One self-contained HTML report (tables and plots) of RUN_DIRS."""
+    from analysis.load import load_capacity
     from analysis.report import render_html
     from analysis.sweep import sweep_table
 
@@ -224,7 +237,8 @@ def report(run_dirs: tuple[Path, ...], out: Path, **options: Any) -> None:
             if sweeps
             else None
         )
-        page = render_html(runs, summaries, sweep=sweep)
+        capacity = load_capacity(sweeps[0][0]) if sweeps else None
+        page = render_html(runs, summaries, sweep=sweep, capacity=capacity)
     try:
         out.write_text(page, encoding="utf-8")
     except OSError as exc:

@@ -171,6 +171,16 @@ class PrefixCache:
             if count == 0:
                 self._evictable[h] = None
 
+    def reset(self) -> int:
+        """Drop every cached block no running request holds, in both tiers (vLLM's
+        ``/reset_prefix_cache``, SGLang's ``/flush_cache``); returns how many."""
+        dropped = len(self._evictable) + len(self._host)
+        for h in self._evictable:
+            del self._refcount[h]
+        self._evictable.clear()
+        self._host.clear()
+        return dropped
+
     def _pin(self, h: int) -> None:
         if self._refcount[h] == 0:
             del self._evictable[h]

@@ -99,6 +99,9 @@ def make_app(config: SimConfig) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    # Prefix-cache reset, under vLLM's and SGLang's names.
+    app.router.add_post("/reset_prefix_cache", _reset_cache)
+    app.router.add_post("/flush_cache", _reset_cache)
     return app
 
 
@@ -161,6 +164,11 @@ def _error(status: int, message: str) -> web.Response:
 
 async def _health(request: web.Request) -> web.Response:
     return web.Response()
+
+
+async def _reset_cache(request: web.Request) -> web.Response:
+    dropped = request.app[SIM_KEY].engine.cache.reset()
+    return web.json_response({"dropped_blocks": dropped})
 
 
 async def _models(request: web.Request) -> web.Response:

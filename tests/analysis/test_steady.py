@@ -22,6 +22,7 @@ from analysis.summary import summarize
 from replayer.records import RequestRecord, steady_window
 from traces.stats import mser_truncation
 
+
 def test_mser_by_hand() -> None:
     # batch 1, series 0 10 10 10: d=0 → mean 7.5, SSE 56.25 + 3·6.25 = 75, /4² = 4.69;
     # d=1 → SSE 0. The first minimum wins: cut one point.
@@ -88,7 +89,8 @@ def test_steady_window_excludes_slow_start_and_long_tail(
     # starts before 425 s (so by 427.5 s), the last at 600 s.
     assert 90 * 1e9 <= w.start_ns <= 130 * 1e9
     assert 375 * 1e9 <= w.end_ns <= 427.5 * 1e9
-    assert w.head_s >= 90 and w.tail_s >= 170
+    assert w.head_s >= 90
+    assert w.tail_s >= 170
     # analyze carries it, and the figures over it count only rows sent inside it.
     s = summarize(run).as_dict()
     window = s["steady_state"]["window"]
@@ -114,12 +116,14 @@ def test_steady_window_of_a_flat_run_is_the_whole_run() -> None:
             t += d
     w = steady_window(np.array(starts) * 1e9, np.array(ends) * 1e9)
     assert w is not None
-    assert w.head_s < 15 and w.tail_s < 15
+    assert w.head_s < 15
+    assert w.tail_s < 15
 
 
 def test_steady_window_few_rows_keeps_everything() -> None:
     w = steady_window([0, 10, 20], [5, 15, 30])
-    assert w is not None and w.bins == 0
+    assert w is not None
+    assert w.bins == 0
     assert (w.start_ns, w.end_ns) == (0, 30)
     assert steady_window([], []) is None
 
@@ -138,14 +142,16 @@ def test_percentile_ci_bootstrap_and_order_statistics() -> None:
     # Both methods agree in width where they meet (within sampling noise).
     mid = rng.exponential(100.0, EXACT_BOOTSTRAP_MAX)
     mid_big = np.r_[mid, mid[:1]]  # one more value: the rank interval
-    (_, a_lo, a_hi), = percentile_ci(mid, [90])
-    (_, b_lo, b_hi), = percentile_ci(mid_big, [90])
+    ((_, a_lo, a_hi),) = percentile_ci(mid, [90])
+    ((_, b_lo, b_hi),) = percentile_ci(mid_big, [90])
     assert (b_hi - b_lo) == pytest.approx(a_hi - a_lo, rel=0.35)
     assert percentile_ci([], [50])[0][0] != percentile_ci([], [50])[0][0]  # NaN
 
 
 def test_queue_inclusive_latency_adds_the_queue_delay(
-    tmp_path: Path, make_run_dir: Callable[..., Path], timed: Callable[..., RequestRecord]
+    tmp_path: Path,
+    make_run_dir: Callable[..., Path],
+    timed: Callable[..., RequestRecord],
 ) -> None:
     delay_ms = 300.0
     rows = [
@@ -168,7 +174,9 @@ def test_queue_inclusive_latency_adds_the_queue_delay(
 
 
 def test_slo_verdict_pass_fail_and_borderline(
-    tmp_path: Path, make_run_dir: Callable[..., Path], timed: Callable[..., RequestRecord]
+    tmp_path: Path,
+    make_run_dir: Callable[..., Path],
+    timed: Callable[..., RequestRecord],
 ) -> None:
     rng = np.random.default_rng(4)
     ttfts = rng.uniform(100, 300, 400)
@@ -187,10 +195,13 @@ def test_slo_verdict_pass_fail_and_borderline(
     p90 = steady_state(df)["queued_ttft_ms"]["p90"]
     assert slo_verdict(df, m.Slo(ttft_ms=p90 * 2))["pass"]
     bad = slo_verdict(df, m.Slo(ttft_ms=p90 / 2, tpot_ms=1000))
-    assert not bad["pass"] and not bad["borderline"]
-    assert len(bad["reasons"]) == 1 and bad["reasons"][0].startswith("queued_ttft p90")
+    assert not bad["pass"]
+    assert not bad["borderline"]
+    assert len(bad["reasons"]) == 1
+    assert bad["reasons"][0].startswith("queued_ttft p90")
     near = slo_verdict(df, m.Slo(ttft_ms=p90 + 0.01))
-    assert near["pass"] and near["borderline"]
+    assert near["pass"]
+    assert near["borderline"]
     # The percentile is the caller's.
     p50 = steady_state(df)["queued_ttft_ms"]["p50"]
     assert slo_verdict(df, m.Slo(ttft_ms=p50 + 1), percentile=50)["pass"]

@@ -126,3 +126,19 @@ def test_cache_concurrent_duplicate_shares_on_register() -> None:
 def test_cache_rejects_bad_capacity() -> None:
     with pytest.raises(ValueError, match="gpu_capacity_blocks"):
         PrefixCache(gpu_capacity_blocks=0)
+
+
+def test_cache_reset_drops_unpinned_blocks_in_both_tiers() -> None:
+    cache = PrefixCache(gpu_capacity_blocks=4, host_capacity_blocks=8)
+    _run(cache, _hashes(range(12)), extra_blocks=0)  # 3 blocks
+    _run(cache, _hashes(range(100, 112)), extra_blocks=0)  # evicts 2 to the host
+    held = cache.allocate(_hashes(range(100, 112)), extra_blocks=0)  # pins 3 blocks
+    assert held is not None
+    assert cache.host_blocks > 0
+    dropped = cache.reset()
+    assert cache.host_blocks == 0
+    assert cache.lookup(_hashes(range(12))) == (0, 0)
+    # The running request keeps its blocks.
+    assert cache.lookup(_hashes(range(100, 112))) == (3, 0)
+    assert dropped >= 2
+    cache.release(held)

@@ -279,3 +279,15 @@ async def test_server_disconnect_fault_without_streaming(start_sim) -> None:
             await sim.completion([1, 2, 3], stream=False, max_tokens=4)
         samples = await sim.metrics()
     assert samples["vllm:num_requests_running"] == 0
+
+
+@pytest.mark.parametrize("route", ["/reset_prefix_cache", "/flush_cache"])
+async def test_server_prefix_cache_reset_drops_cached_blocks(start_sim, route) -> None:
+    async with start_sim(block_size=4) as sim:
+        prompt = list(range(1000, 1042))
+        await sim.completion(prompt)
+        assert (await sim.completion(prompt)).cached_tokens == 40
+        async with sim.session.post(sim.url + route) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["dropped_blocks"] >= 10
+        assert (await sim.completion(prompt)).cached_tokens == 0

@@ -1,0 +1,325 @@
+"""A capacity search: the most concurrent session trees (or the highest session
+arrival rate) a server holds within an SLO.
+
+The search ramps up geometrically from ``start`` (times ``growth``) until a level fails,
+then bisects between the highest level that passed and the lowest that failed: to
+one session tree for concurrency, to ``rate_resolution`` (relative) for rates. A
+level of 0 passes by definition, so a failing first level is bisected down to 1
+(or, for rates, down to ``start / 64``), and a server that cannot hold even that
+reports 0 with the reasons.
+
+Every cell is an ordinary run directory in the capacity folder (``capacity.json``:
+the search, its cells in the order they ran and the result, rewritten after every
+cell; ``sweep.json``: the cells by level, so ``analyze``, ``report`` and ``compare``
+read the folder as a sweep). Every cell replays with a fresh cache-bust salt, so no
+cell is served from an earlier one's cache; ``reset_cache`` also asks the server to
+drop its prefix cache between cells (vLLM's ``/reset_prefix_cache``, SGLang's
+``/flush_cache``). Lanes and arrivals recycle the trace's trees (``loop``) for the
+cell's duration, then in-flight requests finish.
+
+A cell passes (``analysis.steady.slo_verdict``) when, over its steady-state window,
+the chosen percentile of each SLO metric is within its target (TTFT and E2E
+queue-inclusive: measured from when the session wanted to send), at least one
+request succeeded, and its error rate is at most ``max_error_rate``. A cell whose
+CI contains a target is "borderline" and, with ``widen_borderline``, is run again
+for twice the duration; the wider cell's verdict stands. A budget of cells or of
+time ends the search early with the best bounds found so far.
+
+A study: it wires the engine (``replay``) and ``analysis``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from analysis import metrics as m
+from analysis.load import load_run
+from analysis.steady import COLUMNS, slo_verdict
+from replayer.client import Client
+from replayer.clock import MonotonicClock
+from replayer.config import Lanes, RateArrivals, ReplayConfig
+from replayer.errors import ConfigError
+from replayer.launch import replay, run_async, running_endpoint
+from replayer.rundir import new_run_id, write_json_atomic
+
+DEFAULT_CELL_S = 60.0
+Status = Literal["found", "ceiling", "budget", "interrupted", "running"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CapacitySearch:
+    """What to search and when a cell passes."""
+
+    slo: m.Slo
+    percentile: float = 90.0  # of each SLO metric over the steady-state window
+    rate: bool = False  # search the session rate (RateArrivals) instead of lanes
+    start: float = 1.0  # first level (concurrency, or session trees per second)
+    growth: float = 2.0  # ramp factor until a level fails
+    max_level: float | None = None  # never run above this
+    rate_resolution: float = 0.1  # rate bisection stops at hi / lo <= 1 + this
+    max_cells: int | None = None  # budget: cells run (widened ones included)
+    max_time_s: float | None = None  # budget: no cell starts that would end later
+    max_error_rate: float = 0.1  # a cell with more failed requests fails
+    reset_cache: bool = False  # ask the server to drop its prefix cache per cell
+    widen_borderline: bool = True  # run a borderline cell again, twice as long
+    gpus: int | None = None  # for the per-GPU figure
+
+    def __post_init__(self) -> None:
+        if not 0 < self.percentile < 100:
+            raise ConfigError(f"percentile must be in (0, 100), got {self.percentile}")
+        if self.start <= 0 or (not self.rate and self.start != int(self.start)):
+            raise ConfigError(
+                f"the first level must be a positive level, got {self.start}"
+            )
+        if self.growth <= 1:
+            raise ConfigError(f"growth must be > 1, got {self.growth}")
+        if self.max_level is not None and self.max_level < self.start:
+            raise ConfigError(
+                f"the highest level ({self.max_level:g}) is below the first "
+                f"({self.start:g})"
+            )
+
+
+def _name(level: float, rate: bool) -> str:
+    return f"r{level:.4g}" if rate else f"c{int(level)}"
+
+
+class _Search:
+    """The bounds and the next level to try."""
+
+    def __init__(self, search: CapacitySearch) -> None:
+        self.s = search
+        self.passed = 0.0  # highest passing level (0 passes by definition)
+        self.failed: float | None = None  # lowest failing level
+
+    def record(self, level: float, ok: bool) -> None:
+        if ok:
+            self.passed = max(self.passed, level)
+        elif self.failed is None or level < self.failed:
+            self.failed = level
+
+    def next_level(self) -> float | None:
+        """The next level to run, or None when the bounds are as close as asked."""
+        s, lo, hi = self.s, self.passed, self.failed
+        if hi is None:  # still ramping
+            if s.max_level is not None and lo >= s.max_level:
+                return None
+            nxt = max(lo * s.growth, s.start)
+            if not s.rate:
+                nxt = max(math.ceil(nxt), int(lo) + 1)
+            return min(nxt, s.max_level) if s.max_level is not None else nxt
+        if not s.rate:
+            return None if hi - lo <= 1 else float((int(lo) + int(hi)) // 2)
+        if lo == 0:
+            return None if hi <= s.start / 64 else hi / 2
+        return None if hi / lo <= 1 + s.rate_resolution else math.sqrt(lo * hi)
+
+    @property
+    def status(self) -> Status:
+        if self.failed is None:
+            return "ceiling" if self.next_level() is None else "running"
+        return "found" if self.next_level() is None else "running"
+
+
+def _cell_config(
+    config: ReplayConfig, level: float, search: CapacitySearch, duration_s: float
+) -> ReplayConfig:
+    schedule = config.schedule
+    if search.rate:
+        base = (
+            schedule
+            if isinstance(schedule, RateArrivals)
+            else RateArrivals(session_rate=level)
+        )
+        schedule = replace(base, session_rate=level)
+    else:
+        schedule = Lanes(concurrency=int(level))
+    salt = config.prompt.salt and new_run_id()  # "" (no cache-bust) stays ""
+    return replace(
+        config,
+        schedule=schedule,
+        prompt=replace(config.prompt, salt=salt),
+        duration_s=duration_s,
+        loop=True,
+    )
+
+
+def _judge(
+    run_dir: Path, search: CapacitySearch, error_rate: float | None
+) -> dict[str, Any]:
+    run = load_run(run_dir, columns=COLUMNS)
+    verdict = slo_verdict(
+        m.numeric_view(run.requests), search.slo, percentile=search.percentile
+    )
+    if error_rate is not None and error_rate > search.max_error_rate:
+        verdict["pass"] = False
+        verdict["reasons"].append(
+            f"error rate {error_rate:.1%} > {search.max_error_rate:.1%}"
+        )
+    return verdict
+
+
+def run_capacity(
+    trace_path: Path,
+    config: ReplayConfig,
+    search: CapacitySearch,
+    out: Path,
+    *,
+    progress: Any = None,
+    on_cell: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Search the capacity of the server ``config`` names (the built-in simulator,
+    started once, when it names none); returns ``capacity.json``'s content, which
+    is also written after every cell. ``on_cell`` sees each cell as it finishes.
+
+    Raises:
+        KeyboardInterrupt: after capacity.json says "interrupted".
+        ReplayerError, TraceError: as ``replay`` does (bad input, no server).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    duration = config.duration_s or DEFAULT_CELL_S
+    bounds = _Search(search)
+    cells: list[dict[str, Any]] = []
+    doc: dict[str, Any] = {
+        "search": {
+            "mode": "session_rate" if search.rate else "concurrency",
+            "slo": search.slo.as_dict(),
+            "percentile": search.percentile,
+            "start": search.start,
+            "growth": search.growth,
+            "max_level": search.max_level,
+            "cell_duration_s": duration,
+            "max_cells": search.max_cells,
+            "max_time_s": search.max_time_s,
+            "max_error_rate": search.max_error_rate,
+            "reset_cache": search.reset_cache,
+            "widen_borderline": search.widen_borderline,
+            "gpus": search.gpus,
+        },
+        "cells": cells,
+        "reset_cache": None,
+    }
+    t0 = time.monotonic()
+    stopped: str | None = None
+
+    def save(status: Status) -> dict[str, Any]:
+        doc["result"] = _result(search, bounds, cells, status, stopped)
+        by_level = sorted(cells, key=lambda c: (c["level"], c["duration_s"]))
+        write_json_atomic(out / "sweep.json", {"levels": [c["name"] for c in by_level]})
+        write_json_atomic(out / "capacity.json", doc)
+        return doc
+
+    with running_endpoint(config) as (resolved, _sim):
+        level = bounds.next_level()
+        try:
+            while level is not None:
+                cell_s = duration
+                widened_from: str | None = None
+                while True:
+                    if search.max_cells is not None and len(cells) >= search.max_cells:
+                        stopped = f"--max-cells {search.max_cells} reached"
+                    elif (
+                        search.max_time_s is not None
+                        and time.monotonic() - t0 + cell_s > search.max_time_s
+                    ):
+                        stopped = (
+                            f"--max-time {search.max_time_s:g} s: the next cell "
+                            f"({cell_s:g} s) would end after it"
+                        )
+                    if stopped:
+                        return save("budget")
+                    if cells and search.reset_cache:
+                        _reset(resolved, doc)
+                    name = _name(level, search.rate) + ("-wide" if widened_from else "")
+                    summary = replay(
+                        trace_path,
+                        _cell_config(resolved, level, search, cell_s),
+                        out / name,
+                        progress=progress,
+                    )
+                    verdict = _judge(out / name, search, summary.counts.error_rate)
+                    cell = {
+                        "name": name,
+                        "level": level,
+                        "duration_s": cell_s,
+                        "widened_from": widened_from,
+                        "pass": verdict["pass"],
+                        "borderline": verdict["borderline"],
+                        "requests": summary.requests,
+                        "ok": summary.ok,
+                        "error_rate": summary.counts.error_rate,
+                        "window": verdict["window"],
+                        "window_requests": verdict["requests"],
+                        "checks": verdict["checks"],
+                        "reasons": verdict["reasons"],
+                    }
+                    cells.append(cell)
+                    save("running")
+                    if on_cell is not None:
+                        on_cell(cell)
+                    if not (
+                        cell["borderline"]
+                        and search.widen_borderline
+                        and not widened_from
+                    ):
+                        break
+                    widened_from, cell_s = name, cell_s * 2
+                bounds.record(level, cell["pass"])
+                level = bounds.next_level()
+        except KeyboardInterrupt:
+            save("interrupted")
+            raise
+    return save(bounds.status)
+
+
+def _reset(config: ReplayConfig, doc: dict[str, Any]) -> None:
+    async def reset() -> str | None:
+        async with Client(config.endpoint, MonotonicClock(), limit=1) as client:
+            return await client.reset_cache()
+
+    url = run_async(reset)
+    account = doc["reset_cache"] or {"url": url, "resets": 0, "failed": 0}
+    account["url"] = account["url"] or url
+    account["resets" if url else "failed"] += 1
+    doc["reset_cache"] = account
+
+
+def _result(
+    search: CapacitySearch,
+    bounds: _Search,
+    cells: list[dict[str, Any]],
+    status: Status,
+    stopped: str | None,
+) -> dict[str, Any]:
+    best = bounds.passed
+    limit = bounds.failed
+    # The cells that decided the bounds (the last run at each level: a widened one).
+    at: dict[float, dict[str, Any]] = {}
+    for c in cells:
+        at[c["level"]] = c
+    failing = at.get(limit) if limit is not None else None
+    first_fail = next((c for c in cells if not c["pass"]), None)
+    key = "max_session_rate" if search.rate else "max_concurrency"
+    value: float | int = best if search.rate else int(best)
+    out: dict[str, Any] = {
+        "status": status,
+        key: value,
+        "max_level": value,
+        "per_gpu": value / search.gpus if search.gpus else None,
+        "next_level": limit,
+        "cells": len(cells),
+        "borderline_cells": sum(1 for c in cells if c["borderline"]),
+        "failed_because": failing["reasons"] if failing else [],
+        "first_failure": (
+            {"name": first_fail["name"], "reasons": first_fail["reasons"]}
+            if first_fail
+            else None
+        ),
+        "stopped_because": stopped,
+    }
+    return out

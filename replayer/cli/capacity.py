@@ -1,0 +1,249 @@
+"""`replayer capacity`: the most concurrent session trees (or the highest session
+rate) a server holds within an SLO (``replayer.capacity``)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from replayer.cli.analysis import _parse_slo
+from replayer.cli.errors import errors_as_messages, interrupted
+from replayer.cli.run import (
+    _check_ray,
+    _reject_idle_flags,
+    _replay_options,
+    build_config,
+)
+
+
+def _ms(v: float | None) -> str:
+    if v is None or not math.isfinite(v):
+        return "-"
+    return f"{v / 1000:,.2f} s" if v >= 1000 else f"{v:,.1f} ms"
+
+
+def _cell_line(cell: dict[str, Any], percentile: float) -> str:
+    verdict = "pass" if cell["pass"] else "FAIL"
+    if cell["borderline"]:
+        verdict += " (borderline)"
+    figures = ", ".join(
+        f"{c['metric'].removesuffix('_ms')} p{percentile:g} {_ms(c['value_ms'])}"
+        for c in cell["checks"]
+    )
+    err = cell["error_rate"]
+    errors = f", errors {err:.1%}" if err else ""
+    return f"{cell['name']}: {verdict}: {figures}{errors} ({cell['ok']:,} ok)"
+
+
+def format_capacity(doc: dict[str, Any]) -> str:
+    """The cell table and the result, as `capacity` prints them."""
+    search, result = doc["search"], doc["result"]
+    pct = search["percentile"]
+    slo = ", ".join(
+        f"{k.removesuffix('_ms')} ≤ {_ms(v)}" for k, v in search["slo"].items()
+    )
+    what = "session rate" if search["mode"] == "session_rate" else "concurrency"
+    unit = " sessions/s" if search["mode"] == "session_rate" else ""
+    first = doc["cells"][0]["checks"] if doc["cells"] else []
+    metrics = [f"{c['metric'].removesuffix('_ms')} p{pct:g}" for c in first]
+    header = ["cell", "level", "verdict", "window s", "ok", *metrics]
+    rows = [
+        [
+            c["name"],
+            f"{c['level']:g}",
+            ("pass" if c["pass"] else "FAIL") + (" ~" if c["borderline"] else ""),
+            "-" if not c["window"] else f"{c['window']['length_s']:,.1f}",
+            f"{c['ok']:,}",
+            *(_ms(k["value_ms"]) for k in c["checks"]),
+        ]
+        for c in sorted(doc["cells"], key=lambda c: (c["level"], c["duration_s"]))
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    ]
+    if any(c["borderline"] for c in doc["cells"]):
+        lines.append("~ borderline: the percentile's 95% CI contains the target")
+    best = result["max_level"]
+    per_gpu = (
+        f" ({result['per_gpu']:,.3g} per GPU)"
+        if result.get("per_gpu") is not None
+        else ""
+    )
+    lines.append(f"max {what} within the SLO (p{pct:g} {slo}): {best:g}{unit}{per_gpu}")
+    status = result["status"]
+    if status == "ceiling":
+        lines.append(f"  every level up to {best:g} passed (the highest asked for)")
+    elif status == "budget":
+        bound = result["next_level"]
+        above = f"; {bound:g} failed" if bound is not None else "; no level failed yet"
+        lines.append(
+            f"  stopped early: {result['stopped_because']} (best bound so far{above})"
+        )
+    elif status == "interrupted":
+        lines.append("  interrupted: best bound so far")
+    if result["failed_because"]:
+        lines.append(
+            f"  {result['next_level']:g} fails: " + "; ".join(result["failed_because"])
+        )
+    return "\n".join(lines)
+
+
+@click.command()
+@click.argument(
+    "trace_path", metavar="TRACE", type=click.Path(exists=True, path_type=Path)
+)
+@click.option(
+    "--slo",
+    "slo",
+    required=True,
+    callback=_parse_slo,
+    help="Objectives a cell must meet, e.g. ttft=2s,tpot=50ms,e2e=60s (TTFT and "
+    "E2E are judged from the scheduled send time: client queueing counts).",
+)
+@click.option(
+    "--percentile",
+    type=click.FloatRange(min=0, max=100, min_open=True, max_open=True),
+    default=90.0,
+    show_default=True,
+    help="Percentile of each SLO metric over a cell's steady-state window.",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Capacity folder (one run directory per cell, capacity.json, sweep.json).",
+)
+@click.option(
+    "--start",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="First concurrency level (with --session-rate, that rate is the first).",
+)
+@click.option(
+    "--growth",
+    type=click.FloatRange(min=1, min_open=True),
+    default=2.0,
+    show_default=True,
+    help="Ramp factor between levels until one fails; then bisection.",
+)
+@click.option(
+    "--max-level",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Highest level to try (concurrency or rate).",
+)
+@click.option(
+    "--rate-resolution",
+    type=click.FloatRange(min=0, min_open=True),
+    default=0.1,
+    show_default=True,
+    help="With --session-rate: bisect until the bounds are this close (relative).",
+)
+@click.option(
+    "--max-cells",
+    type=click.IntRange(min=1),
+    help="Budget: stop after this many cells with the best bound so far.",
+)
+@click.option(
+    "--max-time",
+    "max_time_s",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Budget, seconds: start no cell that would end after it.",
+)
+@click.option(
+    "--reset-cache",
+    is_flag=True,
+    help="Ask the server to drop its prefix cache between cells (vLLM "
+    "/reset_prefix_cache, SGLang /flush_cache); cells use fresh salts regardless.",
+)
+@click.option(
+    "--no-widen",
+    is_flag=True,
+    help="Do not re-run a borderline cell (CI containing a target) for twice as long.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print capacity.json's content.")
+@_replay_options
+def capacity(
+    trace_path: Path,
+    slo: Any,
+    percentile: float,
+    out: Path,
+    start: int,
+    growth: float,
+    max_level: float | None,
+    rate_resolution: float,
+    max_cells: int | None,
+    max_time_s: float | None,
+    reset_cache: bool,
+    no_widen: bool,
+    as_json: bool,
+    **opts: Any,
+) -> None:
+    """Search the most concurrent session trees (or, with --session-rate, the highest
+    session rate) the server holds within --slo; one run directory per cell in OUT.
+
+    Each cell replays for --duration (default 60 s), recycling the trace's trees;
+    the default cell error limit is 10% (--max-error-rate).
+    """
+    from replayer.capacity import CapacitySearch, run_capacity
+    from replayer.cli.output import echo_json
+
+    if opts["timestamps"]:
+        raise click.UsageError(
+            "capacity varies concurrency or --session-rate, not --timestamps"
+        )
+    rate = opts["session_rate"] is not None
+    with errors_as_messages():
+        _check_ray(opts)
+        _reject_idle_flags(opts)
+        config = build_config(
+            opts, endpoint=opts["endpoint"], model=opts["model"], concurrency=None
+        )
+        search = CapacitySearch(
+            slo=slo,
+            percentile=percentile,
+            rate=rate,
+            start=opts["session_rate"] if rate else float(start),
+            growth=growth,
+            max_level=max_level,
+            rate_resolution=rate_resolution,
+            max_cells=max_cells,
+            max_time_s=max_time_s,
+            max_error_rate=0.1
+            if opts["max_error_rate"] is None
+            else opts["max_error_rate"],
+            reset_cache=reset_cache,
+            widen_borderline=not no_widen,
+            gpus=opts["gpus"],
+        )
+
+        def said(cell: dict[str, Any]) -> None:
+            click.echo(_cell_line(cell, percentile), err=True)
+
+        try:
+            doc = run_capacity(
+                trace_path,
+                config,
+                search,
+                out,
+                progress=None if opts["quiet"] else sys.stderr,
+                on_cell=said,
+            )
+        except KeyboardInterrupt:
+            interrupted(out)
+    if doc["reset_cache"] and doc["reset_cache"]["failed"]:
+        click.echo(
+            "warning: the server offers no prefix-cache reset (/reset_prefix_cache, "
+            "/flush_cache); cells relied on fresh cache-bust salts",
+            err=True,
+        )
+    if as_json:
+        echo_json(doc)
+    else:
+        click.echo(format_capacity(doc))
