@@ -360,7 +360,11 @@ def model_of_requests(
 
 
 def trace_model(
-    trace: Trace, *, concurrency: int, think_scale: float = 1.0
+    trace: Trace,
+    *,
+    concurrency: int,
+    think_scale: float = 1.0,
+    think_cap_s: float | None = None,
 ) -> CacheModel:
     """The cache model of ``trace`` sent as a replay at ``concurrency`` lanes would
     send it (``traces.sendorder``)."""
@@ -370,7 +374,9 @@ def trace_model(
             f"cache-curve needs one block size; the trace has {sizes} tokens"
         )
     bs = sizes[0] if sizes else 1
-    order = send_order(trace, concurrency=concurrency, think_scale=think_scale)
+    order = send_order(
+        trace, concurrency=concurrency, think_scale=think_scale, think_cap_s=think_cap_s
+    )
     rows = _rows_by_session(trace)
     runs_of: dict[int, tuple[list[int], list[int]]] = {}
     reqs: list[_Req] = []
@@ -411,6 +417,7 @@ class CacheCurve:
 
     concurrency: int
     think_scale: float
+    think_cap_s: float | None
     block_tokens: int  # tokens per block on the server (budgets count these)
     requests: int
     input_tokens: int
@@ -446,6 +453,7 @@ def cache_curve(
     *,
     concurrency: int,
     think_scale: float = 1.0,
+    think_cap_s: float | None = None,
     budgets_tokens: Sequence[int] | None = None,
     block_tokens: int | None = None,
     server_kv_tokens: int | None = None,
@@ -454,7 +462,9 @@ def cache_curve(
     block: the server's tokens per trace block, default the trace's block size), the
     LRU knee, and the curve at the server's KV size when given. Budgets round down to
     whole blocks; the default is :func:`default_budgets`."""
-    model = trace_model(trace, concurrency=concurrency, think_scale=think_scale)
+    model = trace_model(
+        trace, concurrency=concurrency, think_scale=think_scale, think_cap_s=think_cap_s
+    )
     bt = block_tokens or model.block_size
     if bt < 1:
         raise ValueError(f"block_tokens must be >= 1 (got {bt})")
@@ -482,6 +492,7 @@ def cache_curve(
     return CacheCurve(
         concurrency=concurrency,
         think_scale=think_scale,
+        think_cap_s=think_cap_s,
         block_tokens=bt,
         requests=model.requests,
         input_tokens=total,

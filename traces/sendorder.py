@@ -7,7 +7,7 @@ would send them, not in file order:
 - N lanes; a lane plays one session tree and takes the next tree (trace order) when
   its whole tree has drained, subagents included. All lanes start at time 0.
 - In a session, request 0 is sent when the session starts; request i > 0 is sent
-  ``think_time_s * think_scale`` after request i - 1 ends.
+  ``think_time_s * think_scale`` (capped at ``think_cap_s``) after request i - 1 ends.
 - A subagent starts when its anchor request ends (at the session start for anchor
   -1); its first request waits its own scaled think time, as the engine does. The
   parent request at the join waits until every subagent joined there has ended. A
@@ -87,7 +87,11 @@ def _median_api_s(trace: Trace) -> float:
 
 
 def send_order(
-    trace: Trace, *, concurrency: int, think_scale: float = 1.0
+    trace: Trace,
+    *,
+    concurrency: int,
+    think_scale: float = 1.0,
+    think_cap_s: float | None = None,
 ) -> list[SentRequest]:
     """Every request of ``trace`` in the order a replay at ``concurrency`` lanes sends
     it (see the module docstring for the timing model)."""
@@ -95,6 +99,9 @@ def send_order(
         raise ValueError(f"concurrency must be >= 1 (got {concurrency})")
     if not think_scale >= 0 or math.isinf(think_scale):
         raise ValueError(f"think scale must be >= 0 (got {think_scale})")
+    cap_s = math.inf if think_cap_s is None else think_cap_s
+    if not cap_s >= 0:
+        raise ValueError(f"think cap must be >= 0 s (got {think_cap_s})")
     fallback_s = _median_api_s(trace)
     seq = itertools.count()
     # (time, seq, kind, play): kind 0 = send request play.next_index, 1 = it ends.
@@ -109,7 +116,9 @@ def send_order(
         parent: _Play | None,
         join: int | None,
     ) -> None:
-        thinks = request_column(session.requests, "think_time_s") * think_scale
+        thinks = np.minimum(
+            request_column(session.requests, "think_time_s") * think_scale, cap_s
+        )
         play = _Play(
             session,
             tree,
@@ -135,7 +144,7 @@ def send_order(
             if sub.anchor_index != anchor:
                 continue
             reqs = sub.session.requests
-            delay = float(reqs[0].think_time_s) * think_scale if reqs else 0.0
+            delay = min(reqs[0].think_time_s * think_scale, cap_s) if reqs else 0.0
             start_session(sub.session, play.tree, at_s + delay, play, sub.join_index)
 
     def end_session(play: _Play, at_s: float) -> None:
