@@ -102,7 +102,7 @@ def test_cli_cache_curve_default_budgets_and_errors(tmp_path: Path) -> None:
     assert budgets[-1]["lru_hit_rate"] == json.loads(result.stdout)["ceiling_hit_rate"]
     bad = _invoke("trace", "cache-curve", path, "--budgets", "12,lots")
     assert bad.exit_code == 2
-    assert "expected comma-separated token counts" in bad.output
+    assert "expected a list like 131072,262144" in bad.output
     gib = _invoke("trace", "cache-curve", path, "--server-kv-gib", "1")
     assert gib.exit_code == 2
     assert "--server-kv-gib needs --bytes-per-token" in gib.output

@@ -10,6 +10,7 @@ import click
 
 from replayer.cli.errors import errors_as_messages
 from replayer.cli.output import echo_json
+from replayer.cli.params import int_list
 
 if TYPE_CHECKING:
     from traces.cache_curve import CacheCurve
@@ -210,15 +211,7 @@ def _token_list(
 ) -> list[int] | None:
     if value is None:
         return None
-    try:
-        out = [int(v.replace("_", "")) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(
-            f"expected comma-separated token counts, got {value!r}"
-        ) from None
-    if not out or min(out) < 0:
-        raise click.BadParameter(f"expected token counts >= 0, got {value!r}")
-    return out
+    return int_list(value, minimum=0, example="131072,262144")
 
 
 @trace.command("cache-curve")
