@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from replayer.cli.errors import errors_as_messages, interrupted
+from replayer.cli.params import int_list
 
 if TYPE_CHECKING:
     from replayer.config import ReplayConfig
@@ -476,15 +477,7 @@ def run(
 
 
 def _levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise click.BadParameter(
-            f"expected a list like 1,2,4,8, got {text!r}"
-        ) from None
-    if not levels or min(levels) < 1:
-        raise click.BadParameter(f"levels must be >= 1, got {text!r}")
-    return levels
+    return int_list(text, minimum=1, example="1,2,4,8")
 
 
 @click.command()

@@ -1,4 +1,4 @@
-"""`replayer trace stats|validate|convert|import`."""
+"""`replayer trace stats|validate|convert|import|cache-curve`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import click
 
 from replayer.cli.errors import errors_as_messages
 from replayer.cli.output import echo_json
+from replayer.cli.params import int_list
 
 if TYPE_CHECKING:
+    from traces.cache_curve import CacheCurve
     from traces.model import Trace
 
 
@@ -198,3 +200,215 @@ def _import(
 
         loaded = read_burstgpt(paths[0], block_size=block_size or DEFAULT_BLOCK_SIZE)
     return loaded, f"{len(loaded):,} sessions, {loaded.request_count():,} requests", []
+
+
+_GIB = 1 << 30
+KNEE_POINTS = 0.05  # = traces.cache_curve.KNEE_POINTS (not imported at startup)
+
+
+def _token_list(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> list[int] | None:
+    if value is None:
+        return None
+    return int_list(value, minimum=0, example="131072,262144")
+
+
+@trace.command("cache-curve")
+@click.argument("path", type=_TRACE_PATH)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Live session trees, as `replayer run --concurrency`.",
+)
+@click.option(
+    "--think-scale",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Multiplies the trace's think gaps, as `replayer run --think-scale`.",
+)
+@click.option(
+    "--think-cap",
+    type=click.FloatRange(min=0),
+    help="Caps each (scaled) think gap, seconds, as `replayer run --think-cap`.",
+)
+@click.option(
+    "--budgets",
+    callback=_token_list,
+    help="KV budgets in tokens, comma-separated [default: 20, geometric up to "
+    "where LRU stops gaining].",
+)
+@click.option(
+    "--block-tokens",
+    type=click.IntRange(min=1),
+    help="Server tokens per trace block, as `replayer run --block-tokens` "
+    "[default: the trace's block size].",
+)
+@click.option(
+    "--bytes-per-token",
+    type=click.IntRange(min=1),
+    help="KV bytes per token: budgets are shown in GiB too.",
+)
+@click.option(
+    "--server-kv-tokens",
+    type=click.IntRange(min=0),
+    help="The server's KV size in tokens: which side of the knee it sits.",
+)
+@click.option(
+    "--server-kv-gib",
+    type=click.FloatRange(min=0),
+    help="The server's KV size in GiB (needs --bytes-per-token).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def trace_cache_curve_cmd(
+    path: Path,
+    concurrency: int,
+    think_scale: float,
+    think_cap: float | None,
+    budgets: list[int] | None,
+    block_tokens: int | None,
+    bytes_per_token: int | None,
+    server_kv_tokens: int | None,
+    server_kv_gib: float | None,
+    as_json: bool,
+) -> None:
+    """Prefix-cache hit rate against KV budget for the trace at PATH, its requests
+    interleaved as a replay at --concurrency would send them (subagents beside their
+    parent): LRU, Belady (the optimum) and the infinite-cache ceiling (`trace
+    stats`' ideal hit), and the knee: the budget where LRU falls 5 points below the
+    ceiling."""
+    from traces.cache_curve import cache_curve
+    from traces.io import read_trace
+
+    if server_kv_gib is not None:
+        if server_kv_tokens is not None:
+            raise click.UsageError(
+                "give --server-kv-tokens or --server-kv-gib, not both"
+            )
+        if bytes_per_token is None:
+            raise click.UsageError("--server-kv-gib needs --bytes-per-token")
+        server_kv_tokens = int(server_kv_gib * _GIB // bytes_per_token)
+    with errors_as_messages():
+        curve = cache_curve(
+            read_trace(path),
+            concurrency=concurrency,
+            think_scale=think_scale,
+            think_cap_s=think_cap,
+            budgets_tokens=budgets,
+            block_tokens=block_tokens,
+            server_kv_tokens=server_kv_tokens,
+        )
+    d = curve_dict(curve, bytes_per_token)
+    if as_json:
+        echo_json(d)
+        return
+    click.echo(format_curve(d, path))
+
+
+def curve_dict(curve: CacheCurve, bytes_per_token: int | None) -> dict[str, Any]:
+    """JSON-ready form; the keys are the `trace cache-curve --json` contract."""
+
+    def gib(tokens: int | None) -> float | None:
+        if tokens is None or bytes_per_token is None:
+            return None
+        return tokens * bytes_per_token / _GIB
+
+    server = None
+    if curve.server is not None and curve.server_kv_tokens is not None:
+        side = curve.server_above_knee
+        server = {
+            "kv_tokens": curve.server_kv_tokens,
+            "kv_gib": gib(curve.server_kv_tokens),
+            "lru_hit_rate": curve.server.lru_hit_rate,
+            "belady_hit_rate": curve.server.belady_hit_rate,
+            "side": None if side is None else ("above" if side else "below"),
+        }
+    return {
+        "concurrency": curve.concurrency,
+        "think_scale": curve.think_scale,
+        "think_cap_s": curve.think_cap_s,
+        "block_tokens": curve.block_tokens,
+        "bytes_per_token": bytes_per_token,
+        "requests": curve.requests,
+        "input_tokens": curve.input_tokens,
+        "ceiling_hit_rate": curve.ceiling_hit_rate,
+        "lru_unbounded_hit_rate": curve.lru_unbounded_hit_rate,
+        "budgets": [
+            {
+                "tokens": p.budget_tokens,
+                "gib": gib(p.budget_tokens),
+                "lru_hit_rate": p.lru_hit_rate,
+                "belady_hit_rate": p.belady_hit_rate,
+            }
+            for p in curve.points
+        ],
+        "knee": None
+        if curve.knee_tokens is None
+        else {
+            "tokens": curve.knee_tokens,
+            "gib": gib(curve.knee_tokens),
+            "points_below_ceiling": KNEE_POINTS * 100,
+        },
+        "server": server,
+    }
+
+
+def format_curve(d: dict[str, Any], path: Path) -> str:
+    """The human-readable `trace cache-curve` table."""
+    with_gib = d["bytes_per_token"] is not None
+    ceiling = d["ceiling_hit_rate"]
+    lines = [
+        f"trace        {path}  ({d['requests']:,} requests, concurrency "
+        f"{d['concurrency']}, think scale {d['think_scale']:g}, "
+        f"{d['block_tokens']} tokens per block)",
+        f"ceiling      {_pct(ceiling)}  (infinite KV = the ideal hit)",
+        "",
+        f"{'KV tokens':>14}"
+        + (f"{'GiB':>10}" if with_gib else "")
+        + f"{'LRU':>9}{'Belady':>9}{'ceiling':>9}",
+    ]
+    for b in d["budgets"]:
+        gib = f"{b['gib']:>10.2f}" if with_gib else ""
+        lines.append(
+            f"{b['tokens']:>14,}{gib}{_pct(b['lru_hit_rate']):>9}"
+            f"{_pct(b['belady_hit_rate']):>9}{_pct(ceiling):>9}"
+        )
+    knee = d["knee"]
+    lines.append("")
+    if knee is None:
+        lines.append(
+            "knee         none: LRU never comes within 5 points of the ceiling"
+        )
+    else:
+        lines.append(
+            f"knee         {_tokens(knee['tokens'], knee['gib'])}: LRU is 5 points "
+            "below the ceiling there, further below with less KV"
+        )
+    server = d["server"]
+    if server is not None:
+        at = _tokens(server["kv_tokens"], server["kv_gib"])
+        hits = (
+            f"LRU {_pct(server['lru_hit_rate'])}, Belady "
+            f"{_pct(server['belady_hit_rate'])}"
+        )
+        if server["side"] == "above":
+            lines.append(f"server       {at}: at or above the knee ({hits})")
+        elif server["side"] == "below":
+            lines.append(
+                f"server       {at}: below the knee ({hits}); the knee needs "
+                f"{knee['tokens'] / max(server['kv_tokens'], 1):.1f}x its KV"
+            )
+        else:
+            lines.append(f"server       {at}: {hits}")
+    return "\n".join(lines)
+
+
+def _pct(rate: float | None) -> str:
+    return "-" if rate is None or not math.isfinite(rate) else f"{rate:.1%}"
+
+
+def _tokens(tokens: int, gib: float | None) -> str:
+    return f"{tokens:,} tokens" + (f" ({gib:.2f} GiB)" if gib is not None else "")
