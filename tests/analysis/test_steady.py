@@ -206,3 +206,12 @@ def test_slo_verdict_pass_fail_and_borderline(
     p50 = steady_state(df)["queued_ttft_ms"]["p50"]
     assert slo_verdict(df, m.Slo(ttft_ms=p50 + 1), percentile=50)["pass"]
     assert not slo_verdict(df, m.Slo(ttft_ms=p50 + 1), percentile=90)["pass"]
+
+
+def test_percentile_ci_point_is_numpys_linear_percentile_for_large_samples() -> None:
+    rng = np.random.default_rng(5)
+    x = rng.lognormal(3.0, 1.0, EXACT_BOOTSTRAP_MAX * 3 + 7)
+    x[::100] = np.nan
+    got = [p for p, _, _ in percentile_ci(x, [50, 90, 99, 99.9])]
+    want = np.percentile(x[~np.isnan(x)], [50, 90, 99, 99.9])
+    np.testing.assert_allclose(got, want, rtol=1e-12)
