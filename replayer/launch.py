@@ -30,6 +30,7 @@ from replayer.config import (
     Lanes,
     RateArrivals,
     ReplayConfig,
+    Schedule,
     TraceTimestamps,
     public_url,
     schedule_kind,
@@ -46,6 +47,7 @@ from replayer.rundir import (
 )
 from replayer.schedule import StopControl, run_schedule, shard
 from replayer.scrape import MetricsScraper
+from replayer.selfcheck import LoopMonitor
 from replayer.session import PromptBuilder, RunContext, request_body
 from traces.materialize import Materializer
 from traces.model import Trace
@@ -202,11 +204,22 @@ def provider_cache_hit_rate(trace: Trace) -> float | None:
     return cached / total if total else None
 
 
+def mode_info(schedule: Schedule) -> ModeInfo:
+    """run.json ``mode`` of a schedule."""
+    return ModeInfo(
+        kind=schedule_kind(schedule),
+        concurrency=schedule.concurrency if isinstance(schedule, Lanes) else None,
+        session_rate=schedule.session_rate
+        if isinstance(schedule, RateArrivals)
+        else None,
+        speedup=schedule.speedup if isinstance(schedule, TraceTimestamps) else None,
+    )
+
+
 def _run_meta(
     template: RunMeta, trace: Trace, config: ReplayConfig, ideal_rate: float | None
 ) -> RunMeta:
     block_sizes = sorted({s.block_size for s, _ in trace.all_sessions()})
-    schedule = config.schedule
     return replace(
         template,
         trace=replace(
@@ -221,14 +234,7 @@ def _run_meta(
         endpoint=public_url(config.endpoint.base_url),
         model=config.endpoint.model,
         api=config.endpoint.api,
-        mode=ModeInfo(
-            kind=schedule_kind(schedule),
-            concurrency=schedule.concurrency if isinstance(schedule, Lanes) else None,
-            session_rate=schedule.session_rate
-            if isinstance(schedule, RateArrivals)
-            else None,
-            speedup=schedule.speedup if isinstance(schedule, TraceTimestamps) else None,
-        ),
+        mode=mode_info(config.schedule),
         warmup_s=config.warmup_s,
         duration_limit_s=config.duration_s,
         labels=dict(config.labels),
@@ -274,6 +280,7 @@ async def replay_trace(
     materializer = Materializer(config.prompt)
     prompts = PromptBuilder(materializer, request_body(config.endpoint))
     counters = RunCounters()
+    monitor = LoopMonitor(clock, counters, warmup_s=config.warmup_s)
     interrupted = False
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -342,7 +349,7 @@ async def replay_trace(
                 else None
             )
             try:
-                await _run(ctx, trace, scraper, progress, trace_requests)
+                await _run(ctx, trace, scraper, progress, trace_requests, monitor)
             except asyncio.CancelledError:
                 interrupted = True
                 raise
@@ -362,6 +369,7 @@ async def replay_trace(
                         "block_cache_hits": materializer.hits,
                         "block_cache_misses": materializer.misses,
                     },
+                    client_check=monitor.check().as_dict(),
                 )
                 recorder.set_metadata(meta)
                 if scraper is not None:
@@ -383,6 +391,7 @@ async def replay_trace(
         duration_s=meta.duration_s,
         interrupted=interrupted,
         warnings=tuple(meta.warnings),
+        client_check=meta.client_check,
     )
 
 
@@ -402,10 +411,13 @@ async def _run(
     scraper: MetricsScraper | None,
     progress: TextIO | None,
     total: int,
+    monitor: LoopMonitor,
 ) -> None:
-    """The schedule, with the scraper and the status line beside it."""
+    """The schedule, with the scraper, the self-check and the status line beside
+    it."""
     side_stop = asyncio.Event()
     async with asyncio.TaskGroup() as side:
+        side.create_task(monitor.run(side_stop), name="self-check")
         if scraper is not None:
             side.create_task(
                 scraper.run(side_stop, ctx.config.scrape_interval_s), name="scraper"

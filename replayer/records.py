@@ -58,6 +58,7 @@ class RequestRecord:
     error_type: str | None = None
     error_message: str | None = None
     retries: int = 0  # connection attempts retried before any byte was sent
+    pool_wait_ns: int | None = None  # waiting for a pooled connection; None: not sent
     inflight_at_send: int = 0  # requests in flight (all workers' view of this one)
     lanes_at_send: int = 0  # live session trees when it was sent
     warmup: bool = False  # started inside the warm-up window
@@ -94,6 +95,7 @@ RECORD_SCHEMA = pa.schema(
         ("error_type", pa.string()),
         ("error_message", pa.string()),
         ("retries", pa.int32()),
+        ("pool_wait_ns", pa.int64()),
         ("inflight_at_send", pa.int32()),
         ("lanes_at_send", pa.int32()),
         ("warmup", pa.bool_()),
@@ -314,6 +316,8 @@ class RunMeta:
     # scraped, or the run did not finish).
     server_metrics: dict[str, Any] | None = None
     materializer: dict[str, Any] | None = None  # block cache statistics
+    # The self-check (replayer.selfcheck.ClientCheck): did the client limit the run?
+    client_check: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -416,6 +416,14 @@ def _gate(summaries: list[RunSummary], max_error_rate: float | None) -> None:
                 " else pass --no-vllm-extras and expect shorter outputs)",
                 err=True,
             )
+        if s.client_limited:
+            assert s.client_check is not None
+            click.echo(
+                f"warning: {s.run_dir}: CLIENT-LIMITED: the replayer, not the server, "
+                f"limited this run ({'; '.join(s.client_check['reasons'])}); its "
+                "latencies include the client's own delays: add --workers or --ray",
+                err=True,
+            )
     for s in summaries:
         rate = s.counts.error_rate
         if s.counts.ok == 0:
