@@ -83,9 +83,11 @@ def replay(
     trace_path = None if isinstance(trace, Trace) else Path(trace)
     if trace_path is None and config.workers > 1:
         raise ConfigError("--workers needs a trace file that each worker reads")
+    if trace_path is None and config.ray_address is not None:
+        raise ConfigError("--ray needs a trace file that each actor reads")
     # Bad input fails before any server starts; with workers, each reads its own.
     loaded: Trace | None = trace if isinstance(trace, Trace) else None
-    if trace_path is not None and config.workers == 1:
+    if trace_path is not None and config.workers == 1 and not config.ray_address:
         loaded = read_trace(trace_path)
     meta = RunMeta(
         run_id=run_id,
@@ -100,6 +102,13 @@ def replay(
         meta = replace(meta, simulated=sim is not None, sim=sim)
         if sim is not None and loaded is not None:
             meta = replace(meta, warnings=sim_fit_warnings(loaded, config, sim))
+        if config.ray_address is not None:
+            from replayer.ray_workers import replay_with_ray
+
+            assert trace_path is not None
+            return replay_with_ray(
+                trace_path, config, out, meta=meta, progress=progress
+            )
         if loaded is None:
             assert trace_path is not None
             return replay_with_workers(trace_path, config, out, meta=meta)
@@ -258,12 +267,14 @@ async def replay_trace(
     start_gate: StartGate | None = None,
     run_json_name: str = "run.json",
     client: ChatClient | None = None,
+    counters: RunCounters | None = None,
 ) -> RunSummary:
     """One process's replay of ``trace`` (its shard of it, for worker ``worker_id``
     of ``config.workers``) into ``run_dir``. ``config.endpoint`` must name a URL and
     a model (:func:`running_endpoint` does that). ``start_gate`` returns the shared
     zero once every worker is ready (default: now). ``client`` replaces the HTTP
-    client (then nothing is scraped)."""
+    client (then nothing is scraped). ``counters``: the run's counters, for a caller
+    that reports them while it runs (a Ray actor)."""
     clock = clock or MonotonicClock()
     meta = meta or RunMeta(run_id=new_run_id(), tool_version=__version__)
     # Before t0: everything slow. The ideal hit is a property of the whole trace.
@@ -279,7 +290,7 @@ async def replay_trace(
     meta = replace(meta, worker_id=worker_id)
     materializer = Materializer(config.prompt)
     prompts = PromptBuilder(materializer, request_body(config.endpoint))
-    counters = RunCounters()
+    counters = counters if counters is not None else RunCounters()
     monitor = LoopMonitor(clock, counters, warmup_s=config.warmup_s)
     interrupted = False
     try:

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 _TICK_NS = 10_000_000  # the lag probe's period
 _WINDOW_NS = 1_000_000_000  # CPU shares and the live verdict, per window
 _LIVE_WINDOWS = 3  # the status line flags a limit crossed in any of the latest
+# Per-request figures are judged over at least this many requests: a P99 of a few
+# is their worst one (the first connection of a lane, say).
+_MIN_REQUESTS = 100
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,8 +77,8 @@ def _stats(values: Any, qs: tuple[int, ...], scale: float) -> dict[str, float]:
     return out
 
 
-def _p99_ms(values: Any) -> float | None:
-    return percentiles(values, [99])[0] / 1e6 if len(values) else None
+def _p99_ms(values: Any, least: int = 1) -> float | None:
+    return percentiles(values, [99])[0] / 1e6 if len(values) >= least else None
 
 
 def _reasons(
@@ -158,8 +161,8 @@ class LoopMonitor:
                     _reasons(
                         _p99_ms(self.lags_ns[lag_from:]),
                         cpu,
-                        _p99_ms(c.pool_waits_ns[sent_from:]),
-                        _p99_ms(c.dispatch_lags_ns[sent_from:]),
+                        _p99_ms(c.pool_waits_ns[sent_from:], _MIN_REQUESTS),
+                        _p99_ms(c.dispatch_lags_ns[sent_from:], _MIN_REQUESTS),
                         self.limits,
                     )
                 )
@@ -175,11 +178,12 @@ class LoopMonitor:
         cpu = _stats(self.loop_cpu, (50, 90), 1.0)
         pool = _stats(self.counters.pool_waits_ns, (50, 99), 1e6)
         dispatch = _stats(self.counters.dispatch_lags_ns, (50, 99), 1e6)
+        c = self.counters
         reasons = _reasons(
             lag.get("p99"),
             cpu.get("p50"),
-            pool.get("p99"),
-            dispatch.get("p99"),
+            _p99_ms(c.pool_waits_ns, _MIN_REQUESTS),
+            _p99_ms(c.dispatch_lags_ns, _MIN_REQUESTS),
             self.limits,
         )
         return ClientCheck(

@@ -185,14 +185,29 @@ def replay_with_workers(
                 p.join()
     failure = _failure(procs, results)
     merged = _merge(run_dir, config, meta, interrupted=interrupted, error=failure)
+    return outcome(run_dir, merged, failure=failure, interrupted=interrupted)
+
+
+def outcome(
+    run_dir: Path,
+    merged: RunMeta,
+    *,
+    failure: str | None,
+    interrupted: bool,
+    lost: str = "",
+) -> RunSummary:
+    """The end of a run of several workers: WorkerFailed (one line: ``failure``,
+    ``lost``, where the rows are), KeyboardInterrupt, or the merged summary."""
     if failure is not None:
-        raise WorkerFailed(f"{failure}; the rows recorded so far are in {run_dir}")
+        raise WorkerFailed(
+            f"{failure}; {lost}the rows recorded so far are in {run_dir}"
+        )
     if interrupted:
         raise KeyboardInterrupt
     assert merged.counts is not None
     return summarize_run(
         run_dir,
-        run_id=meta.run_id,
+        run_id=merged.run_id,
         counts=merged.counts,
         duration_s=merged.duration_s or 0.0,
         interrupted=False,

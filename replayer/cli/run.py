@@ -228,7 +228,13 @@ def _replay_options(f: F) -> F:
             "--ray",
             "ray_address",
             metavar="ADDR",
-            help="Run workers as Ray actors on this cluster.",
+            help="Run workers as Ray actors on this cluster ('auto': the one "
+            "this machine belongs to). Needs the [ray] extra.",
+        ),
+        click.option(
+            "--ray-workers",
+            type=click.IntRange(min=1),
+            help="Ray actors (default: one per live node).",
         ),
         click.option(
             "--sim-args",
@@ -353,16 +359,16 @@ def build_config(
         labels=_labels(opts),
         workers=opts["workers"],
         sim_args=tuple(shlex.split(opts["sim_args"])),
+        ray_address=opts["ray_address"] or None,
+        ray_workers=opts["ray_workers"],
     )
 
 
 def _check_ray(opts: dict[str, Any]) -> None:
-    if opts["ray_address"]:
-        from replayer.errors import ConfigError
-
-        raise ConfigError(
-            "--ray is not available in this version; use --workers N on one machine"
-        )
+    if opts["ray_workers"] is not None and not opts["ray_address"]:
+        raise click.UsageError("--ray-workers needs --ray")
+    if opts["ray_address"] and opts["workers"] > 1:
+        raise click.UsageError("--ray runs its own workers: use --ray-workers")
 
 
 # Flags that only mean something beside another one: (flag, needs, because).

@@ -32,8 +32,8 @@ def test_selfcheck_verdict_names_each_limit_crossed() -> None:
     assert not monitor.check().limited
     monitor.lags_ns.extend([1_000_000] * 98 + [200_000_000] * 2)
     monitor.loop_cpu.extend([0.95, 0.97, 0.2])
-    counters.pool_waits_ns.extend([0, 0, 30_000_000])
-    counters.dispatch_lags_ns.extend([0, 0, 0])
+    counters.pool_waits_ns.extend([0] * 97 + [30_000_000] * 3)
+    counters.dispatch_lags_ns.extend([0] * 100)
     check = monitor.check()
     assert check.limited
     assert [r.split()[0] for r in check.reasons] == [
