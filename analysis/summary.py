@@ -56,6 +56,9 @@ class Summary:
     by_depth: list[dict[str, Any]]  # per subagent depth: the same
     goodput: dict[str, Any] | None = None
     gpus: int | None = None
+    # The client's self-check (run.json), with pool waits from the rows: limited,
+    # reasons, loop_lag_ms, loop_cpu_share, pool_wait_ms. None: not recorded.
+    client_check: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (NaN left as NaN; ``cli.echo_json`` prints null)."""
@@ -84,6 +87,7 @@ class Summary:
         }
         if self.goodput is not None:
             out["goodput"] = self.goodput
+        out["client_check"] = self.client_check
         return out
 
 
@@ -105,6 +109,23 @@ def _run_info(run: Run) -> dict[str, Any]:
         "complete": meta.complete,
         "problems": list(run.problems),
     }
+
+
+def _client_check(run: Run) -> dict[str, Any] | None:
+    """run.json's self-check verdict, with the pool waits of the rows (ms)."""
+    recorded = run.meta.client_check
+    df = run.requests
+    waits = (
+        m.column(df, "pool_wait_ns") / 1e6
+        if "pool_wait_ns" in df.columns
+        else np.array([])
+    )
+    if recorded is None and not np.isfinite(waits).any():
+        return None
+    out = dict(recorded or {"limited": None, "reasons": []})
+    out.pop("workers", None)
+    out["pool_wait_ms"] = m.describe(waits)
+    return out
 
 
 def _per_s(ms: float) -> float:
@@ -232,4 +253,5 @@ def summarize(
         by_depth=by_depth(df, lru),
         goodput=m.goodput(df, slo) if slo is not None else None,
         gpus=gpus,
+        client_check=_client_check(run),
     )

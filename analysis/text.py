@@ -115,7 +115,29 @@ ROWS: tuple[tuple[str, Getter, str], ...] = (
         "num",
     ),
     ("join wait share of wall", _get("session_trees", "join_wait_share"), "pct"),
+    ("client: loop lag p99 (ms)", _get("client_check", "loop_lag_ms", "p99"), "num"),
+    (
+        "client: loop CPU p50 (of a core)",
+        _get("client_check", "loop_cpu_share", "p50"),
+        "pct",
+    ),
+    ("client: pool wait p99 (ms)", _get("client_check", "pool_wait_ms", "p99"), "num"),
 )
+
+
+def client_notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
+    """One plain line per run that the client, not the server, limited."""
+    notes = []
+    for s in summaries:
+        check = s.get("client_check") or {}
+        if check.get("limited"):
+            notes.append(
+                f"{s['run']['name']}: CLIENT-LIMITED: the replayer, not the server, "
+                f"limited this run ({'; '.join(check.get('reasons', []))}); its "
+                "latencies include the client's own delays: rerun with more "
+                "--workers or --ray"
+            )
+    return notes
 
 
 def _grid(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -157,6 +179,7 @@ def format_summaries(summaries: Sequence[dict[str, Any]]) -> str:
         for s in summaries
         if not s["run"].get("complete", True)
     ]
+    notes += client_notes(summaries)
     return "\n".join([_grid(header, body), *notes])
 
 

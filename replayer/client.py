@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import re
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import SimpleNamespace, TracebackType
 from typing import Any, Protocol
 
 import aiohttp
@@ -50,6 +50,8 @@ class Outcome:
     error_message: str | None = None
     retries: int = 0
     finish_reason: str | None = None
+    pool_wait_ns: int = 0  # waiting for a free pool slot + opening a connection
+    _pool_since_ns: int = 0  # set by the connector's trace while it waits
 
     def fail(self, status: Status, error_type: str, message: str) -> None:
         self.status = status
@@ -105,9 +107,39 @@ class Client:
             sock_read=self.endpoint.read_timeout_s,
         )
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
+            trace_configs=[self._pool_trace()],
         )
         return self
+
+    def _pool_trace(self) -> aiohttp.TraceConfig:
+        """The connector's own signals, per request: how long it waited for a slot
+        in the pool and for a new connection (``Outcome.pool_wait_ns``)."""
+        clock = self.clock
+
+        async def begin(
+            session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
+        ) -> None:
+            out = ctx.trace_request_ctx
+            if isinstance(out, Outcome):
+                out._pool_since_ns = clock.now_ns()
+
+        async def end(
+            session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
+        ) -> None:
+            out = ctx.trace_request_ctx
+            if isinstance(out, Outcome) and out._pool_since_ns:
+                out.pool_wait_ns += clock.now_ns() - out._pool_since_ns
+                out._pool_since_ns = 0
+
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_queued_start.append(begin)
+        trace.on_connection_queued_end.append(end)
+        trace.on_connection_create_start.append(begin)
+        trace.on_connection_create_end.append(end)
+        return trace
 
     async def __aexit__(
         self,
@@ -201,7 +233,7 @@ class Client:
 
     async def _stream(self, body: bytes, out: Outcome) -> None:
         async with self.session.post(
-            self._url, data=body, headers=self._headers
+            self._url, data=body, headers=self._headers, trace_request_ctx=out
         ) as resp:
             out.http_status = resp.status
             if resp.status != 200:

@@ -31,3 +31,13 @@ class MonotonicClock:
 def wall_clock_ns() -> int:
     """Unix time in ns: the run's one wall-clock anchor."""
     return time.time_ns()
+
+
+def thread_cpu_ns() -> int:
+    """CPU time of the calling thread (the event loop's, when called on it)."""
+    return time.thread_time_ns()
+
+
+def process_cpu_ns() -> int:
+    """CPU time of the whole process, every thread."""
+    return time.process_time_ns()

@@ -194,6 +194,10 @@ class ReplayConfig:
     labels: dict[str, Any] = field(default_factory=dict)  # engine, tp, gpus ...
     workers: int = 1  # processes, sessions sharded round-robin
     sim_args: tuple[str, ...] = ()  # options of the built-in simulated endpoint
+    # Ray: the cluster ("auto", or an address ray.init takes) whose actors replay;
+    # None: this machine only. ray_workers: actors (None: one per live node).
+    ray_address: str | None = None
+    ray_workers: int | None = None
 
     def __post_init__(self) -> None:
         if self.think_scale < 0:
@@ -210,6 +214,8 @@ class ReplayConfig:
             raise ConfigError("--loop needs --duration (it would never end)")
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1 (got {self.workers})")
+        if self.ray_workers is not None and self.ray_workers < 1:
+            raise ConfigError(f"Ray workers must be >= 1 (got {self.ray_workers})")
 
     def as_metadata(self) -> dict[str, Any]:
         """The effective config, JSON-ready, without secrets."""

@@ -30,6 +30,7 @@ from replayer.config import (
     Lanes,
     RateArrivals,
     ReplayConfig,
+    Schedule,
     TraceTimestamps,
     public_url,
     schedule_kind,
@@ -47,6 +48,7 @@ from replayer.rundir import (
 )
 from replayer.schedule import StopControl, run_schedule, shard
 from replayer.scrape import MetricsScraper
+from replayer.selfcheck import LoopMonitor
 from replayer.session import PromptBuilder, RunContext, request_body
 from traces.materialize import Materializer
 from traces.model import Trace
@@ -82,9 +84,11 @@ def replay(
     trace_path = None if isinstance(trace, Trace) else Path(trace)
     if trace_path is None and config.workers > 1:
         raise ConfigError("--workers needs a trace file that each worker reads")
+    if trace_path is None and config.ray_address is not None:
+        raise ConfigError("--ray needs a trace file that each actor reads")
     # Bad input fails before any server starts; with workers, each reads its own.
     loaded: Trace | None = trace if isinstance(trace, Trace) else None
-    if trace_path is not None and config.workers == 1:
+    if trace_path is not None and config.workers == 1 and not config.ray_address:
         loaded = read_trace(trace_path)
     meta = RunMeta(
         run_id=run_id,
@@ -99,7 +103,14 @@ def replay(
         meta = replace(meta, simulated=sim is not None, sim=sim)
         if sim is not None and loaded is not None:
             meta = replace(meta, warnings=sim_fit_warnings(loaded, config, sim))
-        if loaded is None:
+        if config.ray_address is not None:
+            from replayer.ray_workers import replay_with_ray
+
+            assert trace_path is not None
+            summary = replay_with_ray(
+                trace_path, config, out, meta=meta, progress=progress
+            )
+        elif loaded is None:
             assert trace_path is not None
             summary = replay_with_workers(trace_path, config, out, meta=meta)
         else:
@@ -215,11 +226,22 @@ def provider_cache_hit_rate(trace: Trace) -> float | None:
     return cached / total if total else None
 
 
+def mode_info(schedule: Schedule) -> ModeInfo:
+    """run.json ``mode`` of a schedule."""
+    return ModeInfo(
+        kind=schedule_kind(schedule),
+        concurrency=schedule.concurrency if isinstance(schedule, Lanes) else None,
+        session_rate=schedule.session_rate
+        if isinstance(schedule, RateArrivals)
+        else None,
+        speedup=schedule.speedup if isinstance(schedule, TraceTimestamps) else None,
+    )
+
+
 def _run_meta(
     template: RunMeta, trace: Trace, config: ReplayConfig, ideal_rate: float | None
 ) -> RunMeta:
     block_sizes = sorted({s.block_size for s, _ in trace.all_sessions()})
-    schedule = config.schedule
     return replace(
         template,
         trace=replace(
@@ -234,14 +256,7 @@ def _run_meta(
         endpoint=public_url(config.endpoint.base_url),
         model=config.endpoint.model,
         api=config.endpoint.api,
-        mode=ModeInfo(
-            kind=schedule_kind(schedule),
-            concurrency=schedule.concurrency if isinstance(schedule, Lanes) else None,
-            session_rate=schedule.session_rate
-            if isinstance(schedule, RateArrivals)
-            else None,
-            speedup=schedule.speedup if isinstance(schedule, TraceTimestamps) else None,
-        ),
+        mode=mode_info(config.schedule),
         warmup_s=config.warmup_s,
         duration_limit_s=config.duration_s,
         labels=dict(config.labels),
@@ -265,12 +280,14 @@ async def replay_trace(
     start_gate: StartGate | None = None,
     run_json_name: str = "run.json",
     client: ChatClient | None = None,
+    counters: RunCounters | None = None,
 ) -> RunSummary:
     """One process's replay of ``trace`` (its shard of it, for worker ``worker_id``
     of ``config.workers``) into ``run_dir``. ``config.endpoint`` must name a URL and
     a model (:func:`running_endpoint` does that). ``start_gate`` returns the shared
     zero once every worker is ready (default: now). ``client`` replaces the HTTP
-    client (then nothing is scraped)."""
+    client (then nothing is scraped). ``counters``: the run's counters, for a caller
+    that reports them while it runs (a Ray actor)."""
     clock = clock or MonotonicClock()
     meta = meta or RunMeta(run_id=new_run_id(), tool_version=__version__)
     # Before t0: everything slow. The ideal hit is a property of the whole trace.
@@ -286,7 +303,8 @@ async def replay_trace(
     meta = replace(meta, worker_id=worker_id)
     materializer = Materializer(config.prompt)
     prompts = PromptBuilder(materializer, request_body(config.endpoint))
-    counters = RunCounters()
+    counters = counters if counters is not None else RunCounters()
+    monitor = LoopMonitor(clock, counters, warmup_s=config.warmup_s)
     interrupted = False
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -355,7 +373,7 @@ async def replay_trace(
                 else None
             )
             try:
-                await _run(ctx, trace, scraper, progress, trace_requests)
+                await _run(ctx, trace, scraper, progress, trace_requests, monitor)
             except asyncio.CancelledError:
                 interrupted = True
                 raise
@@ -375,6 +393,7 @@ async def replay_trace(
                         "block_cache_hits": materializer.hits,
                         "block_cache_misses": materializer.misses,
                     },
+                    client_check=monitor.check().as_dict(),
                 )
                 recorder.set_metadata(meta)
                 if scraper is not None:
@@ -396,6 +415,7 @@ async def replay_trace(
         duration_s=meta.duration_s,
         interrupted=interrupted,
         warnings=tuple(meta.warnings),
+        client_check=meta.client_check,
     )
 
 
@@ -415,10 +435,13 @@ async def _run(
     scraper: MetricsScraper | None,
     progress: TextIO | None,
     total: int,
+    monitor: LoopMonitor,
 ) -> None:
-    """The schedule, with the scraper and the status line beside it."""
+    """The schedule, with the scraper, the self-check and the status line beside
+    it."""
     side_stop = asyncio.Event()
     async with asyncio.TaskGroup() as side:
+        side.create_task(monitor.run(side_stop), name="self-check")
         if scraper is not None:
             side.create_task(
                 scraper.run(side_stop, ctx.config.scrape_interval_s), name="scraper"

@@ -3,12 +3,13 @@ status line on stderr, and the summary a finished run returns."""
 
 from __future__ import annotations
 
+import array
 import asyncio
 import collections
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -33,6 +34,11 @@ class RunCounters:
     recent_ttfts_ns: collections.deque[int] = field(
         default_factory=lambda: collections.deque(maxlen=_RECENT_TTFTS)
     )
+    # Each sent request's wait for a pooled connection (the self-check's P99).
+    pool_waits_ns: array.array[int] = field(default_factory=lambda: array.array("q"))
+    # ... and how late it was sent: start_ns - scheduled_ns (same order).
+    dispatch_lags_ns: array.array[int] = field(default_factory=lambda: array.array("q"))
+    client_limit: str | None = None  # the self-check's latest reason, if any
 
     def count(self, status: Status) -> None:
         """One row recorded with ``status``."""
@@ -77,6 +83,7 @@ class Progress:
             f"[{elapsed:7.1f}s] done {n.requests:,}/{self.total:,}  in flight "
             f"{c.inflight}  lanes {c.lanes}  failed {n.failed}  skipped {n.skipped}"
             f"  P90 TTFT {p90}  {rate:,.0f} out tok/s"
+            + (f"  CLIENT-LIMITED: {c.client_limit}" if c.client_limit else "")
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -109,6 +116,12 @@ class RunSummary:
     output_tok_s: float  # ok rows' output tokens / duration
     warnings: tuple[str, ...] = ()  # about the setup (run.json ``warnings``)
     steady: SteadyWindow | None = None  # None: no request ended
+    client_check: dict[str, Any] | None = None  # run.json ``client_check``
+
+    @property
+    def client_limited(self) -> bool:
+        """The self-check found the client, not the server, limiting the run."""
+        return bool(self.client_check and self.client_check.get("limited"))
 
     @property
     def requests(self) -> int:
@@ -146,6 +159,7 @@ def summarize_run(
     duration_s: float,
     interrupted: bool,
     warnings: tuple[str, ...] = (),
+    client_check: dict[str, Any] | None = None,
 ) -> RunSummary:
     """The summary of a run directory, from its part files (every worker's): the
     headline figures come from what was recorded, never from in-memory lists."""
@@ -186,4 +200,5 @@ def summarize_run(
         output_tok_s=out_tokens / duration_s if duration_s > 0 else 0.0,
         warnings=warnings,
         steady=steady,
+        client_check=client_check,
     )

@@ -62,6 +62,7 @@ class RequestRecord:
     error_type: str | None = None
     error_message: str | None = None
     retries: int = 0  # connection attempts retried before any byte was sent
+    pool_wait_ns: int | None = None  # waiting for a pooled connection; None: not sent
     inflight_at_send: int = 0  # requests in flight (all workers' view of this one)
     lanes_at_send: int = 0  # live session trees when it was sent
     warmup: bool = False  # started inside the warm-up window
@@ -98,6 +99,7 @@ RECORD_SCHEMA = pa.schema(
         ("error_type", pa.string()),
         ("error_message", pa.string()),
         ("retries", pa.int32()),
+        ("pool_wait_ns", pa.int64()),
         ("inflight_at_send", pa.int32()),
         ("lanes_at_send", pa.int32()),
         ("warmup", pa.bool_()),
@@ -426,6 +428,8 @@ class RunMeta:
     # SteadyWindow.as_dict() of the finished run (None: not finished, or no request
     # ended); ``analyze`` recomputes it from the rows by the same function.
     steady_state: dict[str, Any] | None = None
+    # The self-check (replayer.selfcheck.ClientCheck): did the client limit the run?
+    client_check: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -315,6 +315,7 @@ def _fill(ctx: RunContext, rec: RequestRecord, out: Outcome) -> None:
     rec.error_type = out.error_type
     rec.error_message = out.error_message
     rec.retries = out.retries
+    rec.pool_wait_ns = out.pool_wait_ns
     rec.server_prompt_tokens = out.server_prompt_tokens
     rec.cached_tokens = out.cached_tokens
     rec.chunk_times_ns = out.chunk_times_ns
@@ -336,6 +337,9 @@ def _fill(ctx: RunContext, rec: RequestRecord, out: Outcome) -> None:
         rec.tpot_ns = tpot_ns(rec.e2e_ns, rec.ttft_ns, rec.output_tokens)
     counters = ctx.counters
     counters.count(rec.status)
+    if not rec.warmup:  # the self-check judges the measured window
+        counters.pool_waits_ns.append(out.pool_wait_ns)
+        counters.dispatch_lags_ns.append(max(0, rec.start_ns - rec.scheduled_ns))
     if rec.status == "ok":
         if out.error_type == NOT_STREAMED:
             counters.not_streamed += 1

@@ -24,11 +24,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from replayer.config import ReplayConfig
-from replayer.errors import ReplayerError
+from replayer.config import Lanes, RateArrivals, ReplayConfig
+from replayer.errors import ConfigError, ReplayerError
 from replayer.progress import RunSummary, summarize_run
 from replayer.records import RunCounts, RunMeta
 from replayer.rundir import read_run_json, write_run_json
+from replayer.selfcheck import merge_checks
 
 _START_DELAY_NS = 200_000_000  # after the barrier, so every worker waits at t0
 _BARRIER_TIMEOUT_S = 3600.0  # a worker still preparing after this is stuck
@@ -39,6 +40,39 @@ _SELF_STOP_S = 5.0  # after Ctrl-C: time for workers to stop before SIGTERM
 
 class WorkerFailed(ReplayerError):
     """A worker process failed or died; the others were stopped."""
+
+
+def check_split(config: ReplayConfig, where: str = "--workers") -> None:
+    """Refuse a concurrency that leaves a worker without a lane."""
+    schedule = config.schedule
+    if isinstance(schedule, Lanes) and schedule.concurrency < config.workers:
+        raise ConfigError(
+            f"--concurrency {schedule.concurrency} over {config.workers} workers "
+            f"leaves a worker without a session tree: use at most "
+            f"{schedule.concurrency} {where} workers"
+        )
+
+
+def worker_config(config: ReplayConfig, worker_id: int) -> ReplayConfig:
+    """Worker ``worker_id``'s part of ``config``: the global concurrency or session
+    rate split exactly over ``config.workers`` (N lanes: N // W each, one more for
+    the first N % W; R sessions/s: R / W each, and W independent Poisson processes
+    of R / W are one of R), arrivals seeded per worker (else every worker would draw
+    the same gaps), and the server's metrics scraped by worker 0 only (they are the
+    same for everyone)."""
+    n = config.workers
+    schedule = config.schedule
+    if isinstance(schedule, Lanes):
+        extra = 1 if worker_id < schedule.concurrency % n else 0
+        schedule = Lanes(concurrency=schedule.concurrency // n + extra)
+    elif isinstance(schedule, RateArrivals):
+        schedule = replace(schedule, session_rate=schedule.session_rate / n)
+    return replace(
+        config,
+        schedule=schedule,
+        seed=config.seed + worker_id,
+        scrape_interval_s=config.scrape_interval_s if worker_id == 0 else 0,
+    )
 
 
 def _worker_json(worker_id: int) -> str:
@@ -110,11 +144,9 @@ def replay_with_workers(
     barrier = ctx.Barrier(n)
     procs: list[Any] = []
     conns: list[mpc.Connection] = []
+    check_split(config)
     for k in range(n):
-        # One scraper for the run: the server's metrics are the same for everyone.
-        cfg = replace(
-            config, scrape_interval_s=config.scrape_interval_s if k == 0 else 0
-        )
+        cfg = worker_config(config, k)
         ours, theirs = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=_worker_main,
@@ -152,18 +184,34 @@ def replay_with_workers(
                 p.kill()
                 p.join()
     failure = _failure(procs, results)
-    merged = _merge(run_dir, n, meta, interrupted=interrupted, error=failure)
+    merged = _merge(run_dir, config, meta, interrupted=interrupted, error=failure)
+    return outcome(run_dir, merged, failure=failure, interrupted=interrupted)
+
+
+def outcome(
+    run_dir: Path,
+    merged: RunMeta,
+    *,
+    failure: str | None,
+    interrupted: bool,
+    lost: str = "",
+) -> RunSummary:
+    """The end of a run of several workers: WorkerFailed (one line: ``failure``,
+    ``lost``, where the rows are), KeyboardInterrupt, or the merged summary."""
     if failure is not None:
-        raise WorkerFailed(f"{failure}; the rows recorded so far are in {run_dir}")
+        raise WorkerFailed(
+            f"{failure}; {lost}the rows recorded so far are in {run_dir}"
+        )
     if interrupted:
         raise KeyboardInterrupt
     assert merged.counts is not None
     return summarize_run(
         run_dir,
-        run_id=meta.run_id,
+        run_id=merged.run_id,
         counts=merged.counts,
         duration_s=merged.duration_s or 0.0,
         interrupted=False,
+        client_check=merged.client_check,
     )
 
 
@@ -247,10 +295,19 @@ def _failure(procs: list[Any], results: dict[int, tuple[str, Any]]) -> str | Non
 
 
 def _merge(
-    run_dir: Path, n: int, meta: RunMeta, *, interrupted: bool, error: str | None
+    run_dir: Path,
+    config: ReplayConfig,
+    meta: RunMeta,
+    *,
+    interrupted: bool,
+    error: str | None,
 ) -> RunMeta:
-    """run.json for the whole run: the workers' counts added, the longest duration.
-    A worker that did not get as far as writing its file is left out."""
+    """run.json for the whole run: the workers' counts added, the longest duration,
+    the global schedule. A worker that did not get as far as writing its file is
+    left out."""
+    from replayer.launch import mode_info
+
+    n = config.workers
     metas = [
         read_run_json(run_dir / _worker_json(k))
         for k in range(n)
@@ -265,6 +322,9 @@ def _merge(
         base,
         worker_id=None,
         workers=n,
+        mode=mode_info(config.schedule),
+        seed=config.seed,
+        config=config.as_metadata(),
         counts=replace(counts, trace_requests=base.trace.requests or 0),
         duration_s=max((m.duration_s or 0.0 for m in metas), default=0.0),
         end_unix_ns=max((m.end_unix_ns or 0 for m in metas), default=0) or None,
@@ -272,6 +332,13 @@ def _merge(
         or error is not None
         or any(m.interrupted for m in metas),
         error=error,
+        client_check=merge_checks(
+            {
+                m.worker_id or 0: m.client_check
+                for m in metas
+                if m.client_check is not None
+            }
+        ),
     )
     if run_dir.is_dir():
         write_run_json(run_dir / "run.json", merged)

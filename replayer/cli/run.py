@@ -229,7 +229,13 @@ def _replay_options(f: F) -> F:
             "--ray",
             "ray_address",
             metavar="ADDR",
-            help="Run workers as Ray actors on this cluster.",
+            help="Run workers as Ray actors on this cluster ('auto': the one "
+            "this machine belongs to). Needs the [ray] extra.",
+        ),
+        click.option(
+            "--ray-workers",
+            type=click.IntRange(min=1),
+            help="Ray actors (default: one per live node).",
         ),
         click.option(
             "--sim-args",
@@ -354,16 +360,16 @@ def build_config(
         labels=_labels(opts),
         workers=opts["workers"],
         sim_args=tuple(shlex.split(opts["sim_args"])),
+        ray_address=opts["ray_address"] or None,
+        ray_workers=opts["ray_workers"],
     )
 
 
 def _check_ray(opts: dict[str, Any]) -> None:
-    if opts["ray_address"]:
-        from replayer.errors import ConfigError
-
-        raise ConfigError(
-            "--ray is not available in this version; use --workers N on one machine"
-        )
+    if opts["ray_workers"] is not None and not opts["ray_address"]:
+        raise click.UsageError("--ray-workers needs --ray")
+    if opts["ray_address"] and opts["workers"] > 1:
+        raise click.UsageError("--ray runs its own workers: use --ray-workers")
 
 
 # Flags that only mean something beside another one: (flag, needs, because).
@@ -415,6 +421,14 @@ def _gate(summaries: list[RunSummary], max_error_rate: float | None) -> None:
                 f"warning: {s.run_dir}: {c.short_output:,} responses had fewer output "
                 "tokens than max_tokens (does the server honour ignore_eos/min_tokens?"
                 " else pass --no-vllm-extras and expect shorter outputs)",
+                err=True,
+            )
+        if s.client_limited:
+            assert s.client_check is not None
+            click.echo(
+                f"warning: {s.run_dir}: CLIENT-LIMITED: the replayer, not the server, "
+                f"limited this run ({'; '.join(s.client_check['reasons'])}); its "
+                "latencies include the client's own delays: add --workers or --ray",
                 err=True,
             )
     for s in summaries:

@@ -1,0 +1,434 @@
+"""``--ray ADDRESS``: the ``--workers`` design on a Ray cluster. Each worker is a Ray
+actor with its own event loop, pinned to a node (round-robin over the cluster's live
+nodes, one per node by default); session trees are sharded so that a tree never
+spans actors, and the global concurrency or rate is split exactly
+(:func:`replayer.workers.worker_config`).
+
+One start instant across machines: perf counters are per machine, so the driver
+measures each actor's wall-clock offset from its own (the sample with the shortest
+round trip of a few, NTP-style), then gives every actor the same wall-clock instant
+in that actor's clock; each turns it into its own perf-counter zero. The offsets and
+round trips are recorded in ``run.json`` ``ray``.
+
+Rows go to one run directory that every node sees (a shared file system, or one
+machine): part files per actor, flushed at the flush interval, so a lost node leaves
+what it flushed. The driver watches through ``ray.wait`` with a timeout: an actor that
+dies stops the run within seconds with one line naming it and its node, the others
+flush, and its unfinished session trees are listed in ``run.json``. Ray is an optional
+extra (``pip install 'agentic-trace-replayer[ray]'``); nothing here starts a dashboard
+or asks for a token unless the cluster was started so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from replayer.clock import MonotonicClock
+from replayer.config import ReplayConfig
+from replayer.errors import ConfigError
+from replayer.progress import Progress, RunCounters, RunSummary
+from replayer.records import RunMeta
+from replayer.rundir import read_run_json, write_run_json
+from replayer.workers import (
+    _merge,
+    _worker_json,
+    check_split,
+    outcome,
+    worker_config,
+)
+
+_START_DELAY_NS = 500_000_000  # after the offsets are measured: every actor waits
+_READY_TIMEOUT_S = 3600.0  # an actor still preparing after this is stuck
+_POLL_S = 0.5  # how often the driver looks at its actors
+_STOP_GRACE_S = 30.0  # stopped actors flush within this
+_OFFSET_ROUNDS = 5  # wall-clock samples per actor; the shortest round trip wins
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "--ray needs Ray: pip install 'agentic-trace-replayer[ray]'"
+        ) from None
+    return ray
+
+
+class ReplayActor:
+    """One worker on one node (a Ray async actor: methods share its event loop)."""
+
+    def __init__(self) -> None:
+        self._ready = asyncio.Event()
+        self._start = asyncio.Event()
+        self._start_unix_ns = 0
+        self._task: asyncio.Task[Any] | None = None
+        self._counters: RunCounters | None = None
+
+    def node(self) -> dict[str, str]:
+        import ray
+
+        node_id: str = ray.get_runtime_context().get_node_id()
+        return {"node_id": node_id}
+
+    def wall_ns(self) -> int:
+        return time.time_ns()
+
+    async def ready(self) -> None:
+        await self._ready.wait()
+
+    def start(self, start_unix_ns: int) -> None:
+        """The shared start instant, in this actor's wall clock."""
+        self._start_unix_ns = start_unix_ns
+        self._start.set()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def status(self) -> dict[str, Any]:
+        c = self._counters
+        if c is None:
+            return {}
+        return {
+            "inflight": c.inflight,
+            "lanes": c.lanes,
+            "by_status": dict(c.by_status),
+            "output_tokens": c.output_tokens,
+            "ttfts_ns": list(c.recent_ttfts_ns)[-500:],
+            "client_limit": c.client_limit,
+        }
+
+    async def run(
+        self,
+        trace_path: str,
+        config: ReplayConfig,
+        run_dir: str,
+        meta: RunMeta,
+        worker_id: int,
+    ) -> tuple[str, str]:
+        """("ok" | "interrupted" | "error", detail)."""
+        from replayer.errors import ReplayerError
+        from replayer.launch import replay_trace
+        from traces.errors import TraceError
+        from traces.io import read_trace
+
+        clock = MonotonicClock()
+        self._task = asyncio.current_task()
+
+        async def gate() -> int:
+            self._ready.set()
+            await self._start.wait()
+            return clock.now_ns() + (self._start_unix_ns - time.time_ns())
+
+        self._counters = RunCounters()
+        try:
+            trace = await asyncio.to_thread(read_trace, trace_path)
+            await replay_trace(
+                trace,
+                config,
+                Path(run_dir),
+                meta=meta,
+                worker_id=worker_id,
+                clock=clock,
+                start_gate=gate,
+                run_json_name=_worker_json(worker_id),
+                counters=self._counters,
+            )
+        except (ReplayerError, TraceError) as exc:
+            self._ready.set()
+            return "error", str(exc)
+        except asyncio.CancelledError:
+            return "interrupted", ""
+        return "ok", ""
+
+
+def _clock_offset(ray: Any, actor: Any) -> tuple[int, int]:
+    """(actor wall clock - driver wall clock, round trip) in ns: the sample with the
+    shortest round trip, whose midpoint is the best estimate."""
+    best: tuple[int, int] | None = None
+    for _ in range(_OFFSET_ROUNDS):
+        sent = time.time_ns()
+        theirs = ray.get(actor.wall_ns.remote(), timeout=60)
+        back = time.time_ns()
+        rtt = back - sent
+        sample = (theirs - (sent + back) // 2, rtt)
+        if best is None or rtt < best[1]:
+            best = sample
+    assert best is not None
+    return best
+
+
+def replay_with_ray(
+    trace_path: Path,
+    config: ReplayConfig,
+    run_dir: Path,
+    *,
+    meta: RunMeta,
+    progress: TextIO | None = None,
+) -> RunSummary:
+    """Run the replay as Ray actors on the cluster at ``config.ray_address``."""
+    ray = _ray()
+    address = config.ray_address
+    try:
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="ERROR",
+        )
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError(f"cannot join the Ray cluster at {address}: {first}") from exc
+    try:
+        return _drive(ray, trace_path, config, run_dir, meta, progress)
+    finally:
+        ray.shutdown()
+
+
+def _drive(
+    ray: Any,
+    trace_path: Path,
+    config: ReplayConfig,
+    run_dir: Path,
+    meta: RunMeta,
+    progress: TextIO | None,
+) -> RunSummary:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    n = config.ray_workers or len(nodes)
+    config = replace(config, workers=n)
+    check_split(config, "--ray")
+    remote = ray.remote(num_cpus=0, max_restarts=0)(ReplayActor)
+    actors = []
+    for k in range(n):
+        node = nodes[k % len(nodes)]["NodeID"]
+        actors.append(
+            remote.options(
+                name=None,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            ).remote()
+        )
+    ips = {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in nodes}
+    places = [
+        {**p, "ip": ips.get(p["node_id"], "?")}
+        for p in ray.get([a.node.remote() for a in actors], timeout=_READY_TIMEOUT_S)
+    ]
+    runs = [
+        a.run.remote(str(trace_path), worker_config(config, k), str(run_dir), meta, k)
+        for k, a in enumerate(actors)
+    ]
+    results: dict[int, tuple[str, str]] = {}
+    info: dict[str, Any] = {"address": config.ray_address, "actors": []}
+    interrupted = False
+    try:
+        _until_ready(ray, actors, runs, results)
+        if not results:
+            offsets = [_clock_offset(ray, a) for a in actors]
+            start = time.time_ns() + _START_DELAY_NS
+            for a, (offset, _) in zip(actors, offsets, strict=True):
+                a.start.remote(start + offset)
+            info["actors"] = [
+                {"worker_id": k, **places[k], "clock_offset_ns": o, "rtt_ns": r}
+                for k, (o, r) in enumerate(offsets)
+            ]
+            clock = MonotonicClock()
+            t0 = clock.now_ns() + (start - time.time_ns())
+            _watch(ray, actors, runs, results, progress, clock, t0, config, trace_path)
+    except KeyboardInterrupt:
+        interrupted = True
+        _stop(ray, actors, runs, results)
+    failure = _failure(results, places)
+    if failure is not None:
+        _stop(ray, actors, runs, results)
+    merged = _merge(run_dir, config, meta, interrupted=interrupted, error=failure)
+    lost = _unfinished(run_dir, trace_path, config, results)
+    info["lost"] = lost
+    if run_dir.is_dir():
+        write_run_json(
+            run_dir / "run.json", replace(merged, extra={**merged.extra, "ray": info})
+        )
+    trees = sum(len(x["unfinished_sessions"]) for x in lost)
+    return outcome(
+        run_dir,
+        merged,
+        failure=failure,
+        interrupted=interrupted,
+        lost=f"{trees} session trees unfinished (listed in run.json); ",
+    )
+
+
+def _collect(
+    ray: Any, runs: list[Any], results: dict[int, tuple[str, str]], done: list[Any]
+) -> None:
+    for ref in done:
+        k = runs.index(ref)
+        try:
+            results[k] = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            results[k] = ("died", _first_line(exc))
+        except ray.exceptions.RayError as exc:
+            results[k] = ("error", _first_line(exc))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _until_ready(
+    ray: Any, actors: list[Any], runs: list[Any], results: dict[int, tuple[str, str]]
+) -> None:
+    """Wait for every actor to have prepared, or for one to fail first."""
+    waiting = {a.ready.remote(): k for k, a in enumerate(actors)}
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    while waiting and not results and time.monotonic() < deadline:
+        done, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=_POLL_S)
+        for ref in done:
+            del waiting[ref]
+        finished, _ = ray.wait(runs, num_returns=len(runs), timeout=0)
+        _collect(ray, runs, results, finished)
+    if waiting and not results:
+        results[waiting[next(iter(waiting))]] = ("error", "never got ready")
+
+
+def _watch(
+    ray: Any,
+    actors: list[Any],
+    runs: list[Any],
+    results: dict[int, tuple[str, str]],
+    progress: TextIO | None,
+    clock: MonotonicClock,
+    t0: int,
+    config: ReplayConfig,
+    trace_path: Path,
+) -> None:
+    line: Progress | None = None
+    total = 0
+    if progress is not None:
+        from traces.io import read_trace
+
+        total = read_trace(trace_path).request_count()
+    last_line = time.monotonic()
+    interval = 1.0 if progress is not None and progress.isatty() else 10.0
+    while len(results) < len(runs):
+        pending = [r for k, r in enumerate(runs) if k not in results]
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=_POLL_S)
+        _collect(ray, runs, results, done)
+        if any(status not in ("ok", "interrupted") for status, _ in results.values()):
+            return
+        if progress is not None and time.monotonic() - last_line >= interval:
+            last_line = time.monotonic()
+            counters = _aggregate(ray, actors, results)
+            line = Progress(counters, clock, t0, total, progress)
+            progress.write(("\r\x1b[2K" if interval == 1.0 else "") + line.line())
+            progress.write("" if interval == 1.0 else "\n")
+            progress.flush()
+
+
+def _aggregate(
+    ray: Any, actors: list[Any], results: dict[int, tuple[str, str]]
+) -> RunCounters:
+    """All actors' counters as one (the status line of the whole run)."""
+    total = RunCounters()
+    live = [(k, a) for k, a in enumerate(actors) if k not in results]
+    try:
+        states = ray.get([a.status.remote() for _, a in live], timeout=5)
+    except (ray.exceptions.RayError, TimeoutError):
+        return total
+    for (k, _), s in zip(live, states, strict=True):
+        if not s:
+            continue
+        total.inflight += s["inflight"]
+        total.lanes += s["lanes"]
+        total.output_tokens += s["output_tokens"]
+        for status, count in s["by_status"].items():
+            total.by_status[status] = total.by_status.get(status, 0) + count
+        total.recent_ttfts_ns.extend(s["ttfts_ns"])
+        if s["client_limit"] and total.client_limit is None:
+            total.client_limit = f"worker {k}: {s['client_limit']}"
+    return total
+
+
+def _stop(
+    ray: Any, actors: list[Any], runs: list[Any], results: dict[int, tuple[str, str]]
+) -> None:
+    """Stop the actors still running: they cancel, flush and report."""
+    for k, a in enumerate(actors):
+        if k not in results:
+            with contextlib.suppress(ray.exceptions.RayError):
+                a.stop.remote()
+    deadline = time.monotonic() + _STOP_GRACE_S
+    while len(results) < len(runs) and time.monotonic() < deadline:
+        pending = [r for k, r in enumerate(runs) if k not in results]
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=_POLL_S)
+        _collect(ray, runs, results, done)
+
+
+def _failure(
+    results: dict[int, tuple[str, str]], places: list[dict[str, Any]]
+) -> str | None:
+    for k in sorted(results):
+        status, detail = results[k]
+        if status == "died":
+            where = places[k]
+            return (
+                f"Ray actor {k} on node {where['ip']} ({where['node_id'][:12]}) died"
+                f": {detail}"
+            )
+    for k in sorted(results):
+        status, detail = results[k]
+        if status not in ("ok", "interrupted"):
+            return f"Ray actor {k} on node {places[k]['ip']}: {detail}"
+    return None
+
+
+def _unfinished(
+    run_dir: Path,
+    trace_path: Path,
+    config: ReplayConfig,
+    results: dict[int, tuple[str, str]],
+) -> list[dict[str, Any]]:
+    """Per actor that did not finish: the session trees of its shard whose rows are
+    not all in the run directory."""
+    bad = [k for k, (status, _) in results.items() if status not in ("ok",)]
+    if not bad:
+        return []
+    import pyarrow.dataset as ds
+
+    from replayer.schedule import shard
+    from traces.io import read_trace
+
+    trace = read_trace(trace_path)
+    parts = sorted((run_dir / "requests").glob("part-*.parquet"))
+    rows: dict[str, int] = {}
+    if parts:
+        table = ds.dataset(parts, format="parquet").to_table(
+            columns=["root_session_id", "status"]
+        )
+        for root in table.column("root_session_id").to_pylist():
+            rows[root] = rows.get(root, 0) + 1
+    lost = []
+    for k in sorted(bad):
+        trees = shard(trace, k, config.workers).sessions
+        unfinished = [
+            s.session_id
+            for s in trees
+            if rows.get(s.session_id, 0) < sum(len(x.requests) for x, _ in s.walk())
+        ]
+        meta_path = run_dir / _worker_json(k)
+        flushed = read_run_json(meta_path).complete if meta_path.is_file() else False
+        lost.append(
+            {
+                "worker_id": k,
+                "status": results[k][0],
+                "wrote_its_end": flushed,
+                "unfinished_sessions": unfinished,
+            }
+        )
+    return lost

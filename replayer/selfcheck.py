@@ -1,0 +1,222 @@
+"""The client's self-check: whether the replayer, not the server, limited a run.
+
+Each process (one process, a ``--workers`` worker, a Ray actor) measures three things
+while it replays: its event loop's lag (a timer's actual wake-up minus its scheduled
+one: every stamp the loop takes is late by as much), the CPU its loop thread uses
+(of one core: a loop cannot use more), and each request's wait for a connection from
+the pool (the ``pool_wait_ns`` column, measured by the client) and how late it was
+sent (``start_ns - scheduled_ns``). Past a limit, the
+status line says so while the run goes on, and ``run.json`` ``client_check`` says so
+after: ``limited`` and one plain reason per limit crossed.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import collections
+import contextlib
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from replayer.clock import Clock, process_cpu_ns, thread_cpu_ns
+from traces.stats import percentiles
+
+if TYPE_CHECKING:
+    from replayer.progress import RunCounters
+
+_TICK_NS = 10_000_000  # the lag probe's period
+_WINDOW_NS = 1_000_000_000  # CPU shares and the live verdict, per window
+_LIVE_WINDOWS = 3  # the status line flags a limit crossed in any of the latest
+# Per-request figures are judged over at least this many requests: a P99 of a few
+# is their worst one (the first connection of a lane, say).
+_MIN_REQUESTS = 100
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SelfCheckLimits:
+    """Past these, the client is what limits the run."""
+
+    # A loop this late delays every chunk stamp and every send by as much.
+    loop_lag_p99_ms: float = 50.0
+    # Median 1-s window of the loop thread's CPU, of one core: a loop this busy has
+    # no slack left, whatever its lag so far.
+    loop_cpu_share: float = 0.9
+    # Requests waiting this long for a connection: the pool, not the server.
+    pool_wait_p99_ms: float = 10.0
+    # Requests sent this late after their due time (start_ns - scheduled_ns): an
+    # open-loop schedule the client cannot keep up with.
+    dispatch_lag_p99_ms: float = 50.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientCheck:
+    """One process's verdict (``run.json`` ``client_check``; merged over workers)."""
+
+    limited: bool
+    reasons: tuple[str, ...] = ()  # one plain sentence per limit crossed
+    loop_lag_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max
+    loop_cpu_share: dict[str, float] = field(default_factory=dict)  # p50, p90, max
+    process_cpu_cores: dict[str, float] = field(default_factory=dict)  # p50, max
+    pool_wait_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max
+    dispatch_lag_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max
+    limits: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["reasons"] = list(self.reasons)
+        return d
+
+
+def _stats(values: Any, qs: tuple[int, ...], scale: float) -> dict[str, float]:
+    if not len(values):
+        return {}
+    got = percentiles(values, list(qs))
+    out = {f"p{q}": float(v) / scale for q, v in zip(qs, got, strict=True)}
+    out["max"] = float(max(values)) / scale
+    return out
+
+
+def _p99_ms(values: Any, least: int = 1) -> float | None:
+    return percentiles(values, [99])[0] / 1e6 if len(values) >= least else None
+
+
+def _reasons(
+    lag_p99_ms: float | None,
+    cpu_p50: float | None,
+    pool_p99_ms: float | None,
+    dispatch_p99_ms: float | None,
+    limits: SelfCheckLimits,
+) -> list[str]:
+    reasons = []
+    if lag_p99_ms is not None and lag_p99_ms > limits.loop_lag_p99_ms:
+        reasons.append(
+            f"event-loop lag P99 {lag_p99_ms:,.0f} ms > {limits.loop_lag_p99_ms:g} ms"
+        )
+    if cpu_p50 is not None and cpu_p50 >= limits.loop_cpu_share:
+        reasons.append(
+            f"event-loop thread at {cpu_p50:.0%} of a core "
+            f"(>= {limits.loop_cpu_share:.0%})"
+        )
+    if pool_p99_ms is not None and pool_p99_ms > limits.pool_wait_p99_ms:
+        reasons.append(
+            f"connection-pool wait P99 {pool_p99_ms:,.1f} ms "
+            f"> {limits.pool_wait_p99_ms:g} ms"
+        )
+    if dispatch_p99_ms is not None and dispatch_p99_ms > limits.dispatch_lag_p99_ms:
+        reasons.append(
+            f"requests sent late: dispatch lag P99 {dispatch_p99_ms:,.0f} ms "
+            f"> {limits.dispatch_lag_p99_ms:g} ms"
+        )
+    return reasons
+
+
+class LoopMonitor:
+    """Probes the loop it runs on; owned by that loop (no locks)."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        counters: RunCounters,
+        limits: SelfCheckLimits | None = None,
+        *,
+        warmup_s: float = 0.0,
+    ) -> None:
+        self.clock = clock
+        self.counters = counters
+        self.warmup_ns = int(warmup_s * 1e9)  # probes before it are not judged
+        self.limits = limits or SelfCheckLimits()
+        self.lags_ns = array.array("q")  # 8 bytes per 10 ms: 2.9 MB per hour
+        self.loop_cpu = array.array("d")  # per window, share of one core
+        self.process_cpu = array.array("d")  # per window, cores
+        self._live: collections.deque[list[str]] = collections.deque(
+            maxlen=_LIVE_WINDOWS
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Probe until ``stop`` is set."""
+        clock = self.clock
+        window_start = clock.now_ns()
+        measured_from = window_start + self.warmup_ns
+        lag_from, sent_from = 0, len(self.counters.pool_waits_ns)
+        cpu0, proc0 = thread_cpu_ns(), process_cpu_ns()
+        due = window_start + _TICK_NS
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0, due - clock.now_ns()) / 1e9):
+                    await stop.wait()
+            now = clock.now_ns()
+            if now >= measured_from:
+                self.lags_ns.append(max(0, now - due))
+            due = now + _TICK_NS
+            if now - window_start >= _WINDOW_NS:
+                cpu1, proc1 = thread_cpu_ns(), process_cpu_ns()
+                wall = now - window_start
+                cpu = (cpu1 - cpu0) / wall
+                if window_start >= measured_from:
+                    self.loop_cpu.append(cpu)
+                    self.process_cpu.append((proc1 - proc0) / wall)
+                c = self.counters
+                self._live.append(
+                    _reasons(
+                        _p99_ms(self.lags_ns[lag_from:]),
+                        cpu,
+                        _p99_ms(c.pool_waits_ns[sent_from:], _MIN_REQUESTS),
+                        _p99_ms(c.dispatch_lags_ns[sent_from:], _MIN_REQUESTS),
+                        self.limits,
+                    )
+                )
+                self.counters.client_limit = next(
+                    (r[0] for r in reversed(self._live) if r), None
+                )
+                window_start, cpu0, proc0 = now, cpu1, proc1
+                lag_from, sent_from = len(self.lags_ns), len(c.pool_waits_ns)
+
+    def check(self) -> ClientCheck:
+        """The verdict over the whole run so far."""
+        lag = _stats(self.lags_ns, (50, 99), 1e6)
+        cpu = _stats(self.loop_cpu, (50, 90), 1.0)
+        pool = _stats(self.counters.pool_waits_ns, (50, 99), 1e6)
+        dispatch = _stats(self.counters.dispatch_lags_ns, (50, 99), 1e6)
+        c = self.counters
+        reasons = _reasons(
+            lag.get("p99"),
+            cpu.get("p50"),
+            _p99_ms(c.pool_waits_ns, _MIN_REQUESTS),
+            _p99_ms(c.dispatch_lags_ns, _MIN_REQUESTS),
+            self.limits,
+        )
+        return ClientCheck(
+            limited=bool(reasons),
+            reasons=tuple(reasons),
+            loop_lag_ms=lag,
+            loop_cpu_share=cpu,
+            process_cpu_cores=_stats(self.process_cpu, (50,), 1.0),
+            pool_wait_ms=pool,
+            dispatch_lag_ms=dispatch,
+            limits=asdict(self.limits),
+        )
+
+
+def merge_checks(checks: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """Several processes' ``client_check`` as one: limited when any was, each
+    reason naming its worker, every figure the worst worker's; the workers' own
+    under ``workers``."""
+    if not checks:
+        return None
+    merged: dict[str, Any] = {
+        "limited": any(c.get("limited") for c in checks.values()),
+        "reasons": [
+            f"worker {k}: {r}" for k, c in sorted(checks.items()) for r in c["reasons"]
+        ],
+    }
+    figures = ("loop_lag_ms", "loop_cpu_share", "process_cpu_cores", "pool_wait_ms")
+    for key in (*figures, "dispatch_lag_ms"):
+        stats: dict[str, float] = {}
+        for c in checks.values():
+            for stat, value in (c.get(key) or {}).items():
+                stats[stat] = max(stats.get(stat, value), value)
+        merged[key] = stats
+    merged["limits"] = next(iter(checks.values())).get("limits", {})
+    merged["workers"] = {str(k): c for k, c in sorted(checks.items())}
+    return merged
