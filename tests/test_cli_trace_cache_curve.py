@@ -69,9 +69,34 @@ def test_cli_cache_curve_json_keys_and_values(tmp_path: Path) -> None:
     assert d["server"]["kv_tokens"] == 90
     assert {
         "concurrency", "think_scale", "think_cap_s", "block_tokens", "bytes_per_token",
-        "requests", "input_tokens",
+        "requests", "input_tokens", "max_inflight",
     } <= d.keys()  # fmt: skip
     assert d["requests"] == 5
+    # In flight: p90 of 21, 52, 62, 82, 87 tokens (input + output at each send).
+    assert d["inflight_tokens"] == 85
+    assert [b["below_inflight"] for b in d["budgets"]] == [True, True, True]
+    assert d["server"]["below_inflight"] is False
+    assert d["max_inflight"] is None
+
+
+def test_cli_cache_curve_warns_below_the_inflight_tokens(tmp_path: Path) -> None:
+    path = _trace(tmp_path)
+    args = ("trace", "cache-curve", path, *_BASE, "--budgets", "60,90")
+    result = _invoke(*args, "--server-kv-tokens", "60")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "in flight    ~85 tokens" in out
+    lines = out.splitlines()
+    assert lines[5].endswith("  *")
+    assert not lines[6].endswith("*")
+    assert "* below the in-flight tokens" in out
+    assert "warning      the server's KV (60 tokens) is below what the" in out
+    # One request in flight: each holds 21..51 tokens alone, p90 45.
+    capped = _invoke(*args, "--server-kv-tokens", "60", "--max-inflight", "1")
+    assert "at most 1 in flight" in capped.stdout
+    assert "in flight    ~45 tokens" in capped.stdout
+    assert "warning" not in capped.stdout
+    assert "*" not in capped.stdout
 
 
 def test_cli_cache_curve_table_says_which_side_of_the_knee(tmp_path: Path) -> None:
@@ -84,8 +109,8 @@ def test_cli_cache_curve_table_says_which_side_of_the_knee(tmp_path: Path) -> No
     lines = result.stdout.splitlines()
     assert "ceiling      48.5%" in lines[1]
     # Budgets in server tokens, 16 per block: 40 → 2 blocks, 80 → 5 blocks.
-    assert lines[4].split() == ["40", "5.00", "0.0%", "24.2%", "48.5%"]
-    assert lines[5].split() == ["80", "10.00", "24.2%", "42.4%", "48.5%"]
+    assert lines[5].split() == ["40", "5.00", "0.0%", "24.2%", "48.5%", "*"]
+    assert lines[6].split() == ["80", "10.00", "24.2%", "42.4%", "48.5%", "*"]
     assert "knee         128 tokens (16.00 GiB)" in result.stdout
     # 8 GiB = 64 tokens = 4 blocks: LRU 20/165.
     assert "server       64 tokens (8.00 GiB): below the knee (LRU 12.1%" in (

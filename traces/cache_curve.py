@@ -32,6 +32,17 @@ reuse groups: blocks that move together from one request to their next).
 ``trace stats`` reports. With chained hash ids (equal id ⇒ equal prefix) a request's
 misses are exactly the first sightings of its blocks, so the unbounded LRU equals it in
 any order.
+
+**The limit: requests in flight.** The model holds C blocks *between* requests and
+touches a request's blocks at its send. A server pins a running request's whole prompt
+(and reserves its output) and admits waiting requests FIFO when there is room; when
+the requests in flight hold about as much as the KV cache, it queues them and their
+prefixes are evicted while they wait, so it hits far less than this LRU (the built-in
+sim and vLLM both). The curve describes a server whose KV holds the requests in flight
+with room to spare; :attr:`CacheCurve.inflight_tokens` estimates what they hold (the
+90th percentile, over requests, of the prompt + output tokens of the requests in flight
+at its send in this order, itself included). ``replayer run --max-inflight`` keeps it
+small while many session trees stay live.
 """
 
 from __future__ import annotations
@@ -47,9 +58,9 @@ import numpy as np
 from traces.cache import CacheRequest
 from traces.errors import TraceError
 from traces.model import Trace
-from traces.sendorder import send_order
+from traces.sendorder import SentRequest, send_order
 from traces.stats import _rows_by_session, _runs, ideal_hit_tokens
-from traces.table import IntArray
+from traces.table import IntArray, request_column
 
 KNEE_POINTS = 0.05  # the knee: where the LRU hit falls this far below the ceiling
 DEFAULT_BUDGETS = 20
@@ -359,23 +370,43 @@ def model_of_requests(
     return _sweep(reqs, block_size)
 
 
+def _block_size(trace: Trace) -> int:
+    sizes = sorted({s.block_size for s, _ in trace.all_sessions()})
+    if len(sizes) > 1:
+        raise TraceError(
+            f"cache-curve needs one block size; the trace has {sizes} tokens"
+        )
+    return sizes[0] if sizes else 1
+
+
 def trace_model(
     trace: Trace,
     *,
     concurrency: int,
     think_scale: float = 1.0,
     think_cap_s: float | None = None,
+    max_inflight: int | None = None,
 ) -> CacheModel:
-    """The cache model of ``trace`` sent as a replay at ``concurrency`` lanes would
-    send it (``traces.sendorder``)."""
-    sizes = sorted({s.block_size for s, _ in trace.all_sessions()})
-    if len(sizes) > 1:
-        raise TraceError(
-            f"cache-curve needs one block size; the trace has {sizes} tokens"
-        )
-    bs = sizes[0] if sizes else 1
+    """The cache model of ``trace`` sent as a replay at ``concurrency`` lanes (at most
+    ``max_inflight`` requests in flight) would send it (``traces.sendorder``)."""
+    return _ordered_model(trace, concurrency, think_scale, think_cap_s, max_inflight)[1]
+
+
+def _ordered_model(
+    trace: Trace,
+    concurrency: int,
+    think_scale: float,
+    think_cap_s: float | None,
+    max_inflight: int | None,
+) -> tuple[list[SentRequest], CacheModel]:
+    """The send order and its cache model."""
+    bs = _block_size(trace)
     order = send_order(
-        trace, concurrency=concurrency, think_scale=think_scale, think_cap_s=think_cap_s
+        trace,
+        concurrency=concurrency,
+        think_scale=think_scale,
+        think_cap_s=think_cap_s,
+        max_inflight=max_inflight,
     )
     rows = _rows_by_session(trace)
     runs_of: dict[int, tuple[list[int], list[int]]] = {}
@@ -399,7 +430,46 @@ def trace_model(
         root = roots[sent.root_index]
         ns = "global" if root.hash_id_scope == "global" else sent.root_index
         reqs.append(_req(ns, runs, n, int(table.input_tokens[row]), bs))
-    return _sweep(reqs, bs)
+    return order, _sweep(reqs, bs)
+
+
+INFLIGHT_PERCENTILE = 90
+
+
+def inflight_tokens(
+    order: Sequence[SentRequest], *, block_size: int, block_tokens: int
+) -> int:
+    """What the requests in flight hold on the server, in its tokens: the
+    ``INFLIGHT_PERCENTILE``-th percentile, over requests, of the prompt (input tokens
+    scaled by ``block_tokens / block_size``, as ``replayer run --block-tokens`` sends
+    them) + output tokens of the requests in flight when it is sent (sent at or before
+    it, ending after it), itself included."""
+    if not order:
+        return 0
+    cols: dict[int, tuple[IntArray, IntArray]] = {}
+    held, send, end = [], [], []
+    scale = block_tokens / block_size
+    for sent in order:
+        key = id(sent.session)
+        if key not in cols:
+            reqs = sent.session.requests
+            cols[key] = (
+                request_column(reqs, "input_tokens"),
+                request_column(reqs, "output_tokens"),
+            )
+        inp, out = cols[key]
+        held.append(float(inp[sent.index]) * scale + float(out[sent.index]))
+        send.append(sent.send_s)
+        end.append(sent.end_s)
+    h = np.asarray(held)
+    e = np.asarray(end)
+    by_end = np.argsort(e, kind="stable")
+    ended = np.concatenate([[0.0], np.cumsum(h[by_end])])
+    # ``order`` is in send order: request k's in-flight set is 0..k minus the ended.
+    done = np.searchsorted(e[by_end], np.asarray(send), side="right")
+    live = np.cumsum(h) - ended[done]
+    live = np.maximum(live, h)  # itself, even with a zero duration
+    return round(float(np.percentile(live, INFLIGHT_PERCENTILE)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -425,6 +495,8 @@ class CacheCurve:
     lru_unbounded_hit_rate: float  # LRU with no limit (= ceiling for chained ids)
     points: tuple[CurvePoint, ...]
     knee_tokens: int | None  # smallest budget with LRU >= ceiling - 5 points
+    inflight_tokens: int = 0  # what the requests in flight hold (p90; see module doc)
+    max_inflight: int | None = None
     server_kv_tokens: int | None = None
     server: CurvePoint | None = None  # the curve at the server's KV size
 
@@ -434,6 +506,11 @@ class CacheCurve:
         if self.server_kv_tokens is None or self.knee_tokens is None:
             return None
         return self.server_kv_tokens >= self.knee_tokens
+
+    def below_inflight(self, budget_tokens: int) -> bool:
+        """Whether a KV size is below what the requests in flight hold, where a
+        server queues them and hits less than this LRU (see the module docstring)."""
+        return budget_tokens < self.inflight_tokens
 
 
 def default_budgets(model: CacheModel, n: int = DEFAULT_BUDGETS) -> list[int]:
@@ -457,13 +534,14 @@ def cache_curve(
     budgets_tokens: Sequence[int] | None = None,
     block_tokens: int | None = None,
     server_kv_tokens: int | None = None,
+    max_inflight: int | None = None,
 ) -> CacheCurve:
     """LRU, Belady and the ceiling at each budget (tokens of ``block_tokens`` per
     block: the server's tokens per trace block, default the trace's block size), the
     LRU knee, and the curve at the server's KV size when given. Budgets round down to
     whole blocks; the default is :func:`default_budgets`."""
-    model = trace_model(
-        trace, concurrency=concurrency, think_scale=think_scale, think_cap_s=think_cap_s
+    order, model = _ordered_model(
+        trace, concurrency, think_scale, think_cap_s, max_inflight
     )
     bt = block_tokens or model.block_size
     if bt < 1:
@@ -500,6 +578,10 @@ def cache_curve(
         lru_unbounded_hit_rate=rate(model.lru_unbounded_tokens()),
         points=tuple(point(b) for b in sorted(budgets_tokens)),
         knee_tokens=None if knee is None else knee * bt,
+        inflight_tokens=inflight_tokens(
+            order, block_size=model.block_size, block_tokens=bt
+        ),
+        max_inflight=max_inflight,
         server_kv_tokens=server_kv_tokens,
         server=None if server_kv_tokens is None else point(server_kv_tokens),
     )

@@ -18,6 +18,10 @@ would send them, not in file order:
   This is the approximation: a replayed server answers in its own time, so the order
   of requests from different lanes can differ; the order within a session tree (and
   its subagents' concurrency with the parent) is the engine's.
+- With ``max_inflight`` (``replayer run --max-inflight``) at most that many requests
+  are in flight; a request that comes due while they are waits in one FIFO queue and
+  is sent when one ends (the engine's admission semaphore). A slot freed by an end
+  goes to the queue's head before the ended lane's next request comes due.
 
 Deterministic: equal send times keep the order in which the events were created.
 Pure: no I/O, no clock.
@@ -28,6 +32,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +51,7 @@ class SentRequest:
     index: int  # request index in its session
     root_index: int  # its tree's index in ``Trace.sessions`` (the cache namespace)
     send_s: float  # model time it is sent
+    end_s: float  # model time it ends (send_s + its duration)
 
 
 @dataclass(slots=True, eq=False)
@@ -92,11 +98,16 @@ def send_order(
     concurrency: int,
     think_scale: float = 1.0,
     think_cap_s: float | None = None,
+    max_inflight: int | None = None,
 ) -> list[SentRequest]:
     """Every request of ``trace`` in the order a replay at ``concurrency`` lanes sends
-    it (see the module docstring for the timing model)."""
+    it, at most ``max_inflight`` in flight (see the module docstring for the timing
+    model)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1 (got {concurrency})")
+    if max_inflight is not None and max_inflight < 1:
+        raise ValueError(f"max in-flight must be >= 1 (got {max_inflight})")
+    slots = math.inf if max_inflight is None else max_inflight
     if not think_scale >= 0 or math.isinf(think_scale):
         raise ValueError(f"think scale must be >= 0 (got {think_scale})")
     cap_s = math.inf if think_cap_s is None else think_cap_s
@@ -108,6 +119,8 @@ def send_order(
     events: list[tuple[float, int, int, _Play]] = []
     out: list[SentRequest] = []
     trees = iter(enumerate(trace.sessions))
+    queued: deque[_Play] = deque()  # due, waiting for an in-flight slot
+    inflight = 0
 
     def start_session(
         session: Session,
@@ -164,17 +177,29 @@ def send_order(
         if nxt is not None:
             start_session(nxt[1], _Tree(nxt[0]), at_s, None, None)
 
+    def send(play: _Play, at_s: float) -> None:
+        nonlocal inflight
+        inflight += 1
+        i = play.next_index
+        end_s = at_s + play.durations_s[i]
+        out.append(SentRequest(play.session, i, play.tree.index, at_s, end_s))
+        heapq.heappush(events, (end_s, next(seq), 1, play))
+
     for _ in range(concurrency):
         start_next_tree(0.0)
     while events:
         at_s, _, kind, play = heapq.heappop(events)
-        i = play.next_index
         if kind == 0:
-            out.append(SentRequest(play.session, i, play.tree.index, at_s))
-            heapq.heappush(events, (at_s + play.durations_s[i], next(seq), 1, play))
+            if inflight < slots:
+                send(play, at_s)
+            else:
+                queued.append(play)
             continue
+        inflight -= 1
+        if queued:
+            send(queued.popleft(), at_s)
         play.last_end_s = at_s
-        play.next_index = i = i + 1
+        play.next_index = i = play.next_index + 1
         spawn(play, i - 1, at_s)
         if i >= len(play.session.requests):
             end_session(play, at_s)

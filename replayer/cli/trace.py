@@ -236,6 +236,11 @@ def _token_list(
     help="Caps each (scaled) think gap, seconds, as `replayer run --think-cap`.",
 )
 @click.option(
+    "--max-inflight",
+    type=click.IntRange(min=1),
+    help="Cap on requests in flight, as `replayer run --max-inflight`.",
+)
+@click.option(
     "--budgets",
     callback=_token_list,
     help="KV budgets in tokens, comma-separated [default: 20, geometric up to "
@@ -268,6 +273,7 @@ def trace_cache_curve_cmd(
     concurrency: int,
     think_scale: float,
     think_cap: float | None,
+    max_inflight: int | None,
     budgets: list[int] | None,
     block_tokens: int | None,
     bytes_per_token: int | None,
@@ -279,7 +285,13 @@ def trace_cache_curve_cmd(
     interleaved as a replay at --concurrency would send them (subagents beside their
     parent): LRU, Belady (the optimum) and the infinite-cache ceiling (`trace
     stats`' ideal hit), and the knee: the budget where LRU falls 5 points below the
-    ceiling."""
+    ceiling.
+
+    The model assumes the requests in flight fit in the KV cache beside what is
+    reused. It reports what they hold (in flight: the 90th percentile over requests
+    of the prompt + output tokens in flight at each send) and flags KV sizes below
+    it: there a server pins the running prompts, queues the rest, and hits less than
+    this LRU. --max-inflight keeps it small."""
     from traces.cache_curve import cache_curve
     from traces.io import read_trace
 
@@ -300,6 +312,7 @@ def trace_cache_curve_cmd(
             budgets_tokens=budgets,
             block_tokens=block_tokens,
             server_kv_tokens=server_kv_tokens,
+            max_inflight=max_inflight,
         )
     d = curve_dict(curve, bytes_per_token)
     if as_json:
@@ -325,23 +338,27 @@ def curve_dict(curve: CacheCurve, bytes_per_token: int | None) -> dict[str, Any]
             "lru_hit_rate": curve.server.lru_hit_rate,
             "belady_hit_rate": curve.server.belady_hit_rate,
             "side": None if side is None else ("above" if side else "below"),
+            "below_inflight": curve.below_inflight(curve.server_kv_tokens),
         }
     return {
         "concurrency": curve.concurrency,
         "think_scale": curve.think_scale,
         "think_cap_s": curve.think_cap_s,
+        "max_inflight": curve.max_inflight,
         "block_tokens": curve.block_tokens,
         "bytes_per_token": bytes_per_token,
         "requests": curve.requests,
         "input_tokens": curve.input_tokens,
         "ceiling_hit_rate": curve.ceiling_hit_rate,
         "lru_unbounded_hit_rate": curve.lru_unbounded_hit_rate,
+        "inflight_tokens": curve.inflight_tokens,
         "budgets": [
             {
                 "tokens": p.budget_tokens,
                 "gib": gib(p.budget_tokens),
                 "lru_hit_rate": p.lru_hit_rate,
                 "belady_hit_rate": p.belady_hit_rate,
+                "below_inflight": curve.below_inflight(p.budget_tokens),
             }
             for p in curve.points
         ],
@@ -360,11 +377,16 @@ def format_curve(d: dict[str, Any], path: Path) -> str:
     """The human-readable `trace cache-curve` table."""
     with_gib = d["bytes_per_token"] is not None
     ceiling = d["ceiling_hit_rate"]
+    cap = d["max_inflight"]
+    inflight = d["inflight_tokens"]
     lines = [
         f"trace        {path}  ({d['requests']:,} requests, concurrency "
-        f"{d['concurrency']}, think scale {d['think_scale']:g}, "
-        f"{d['block_tokens']} tokens per block)",
+        f"{d['concurrency']}"
+        + ("" if cap is None else f", at most {cap} in flight")
+        + f", think scale {d['think_scale']:g}, {d['block_tokens']} tokens per block)",
         f"ceiling      {_pct(ceiling)}  (infinite KV = the ideal hit)",
+        f"in flight    ~{inflight:,} tokens  (p90 of the prompt + output tokens in "
+        "flight at a send)",
         "",
         f"{'KV tokens':>14}"
         + (f"{'GiB':>10}" if with_gib else "")
@@ -375,9 +397,15 @@ def format_curve(d: dict[str, Any], path: Path) -> str:
         lines.append(
             f"{b['tokens']:>14,}{gib}{_pct(b['lru_hit_rate']):>9}"
             f"{_pct(b['belady_hit_rate']):>9}{_pct(ceiling):>9}"
+            + ("  *" if b["below_inflight"] else "")
         )
     knee = d["knee"]
     lines.append("")
+    if any(b["below_inflight"] for b in d["budgets"]):
+        lines.append(
+            "* below the in-flight tokens: a server pins the running prompts and "
+            "queues the rest there, and hits less than this LRU model"
+        )
     if knee is None:
         lines.append(
             "knee         none: LRU never comes within 5 points of the ceiling"
@@ -403,6 +431,13 @@ def format_curve(d: dict[str, Any], path: Path) -> str:
             )
         else:
             lines.append(f"server       {at}: {hits}")
+        if server["below_inflight"]:
+            lines.append(
+                f"warning      the server's KV ({server['kv_tokens']:,} tokens) is "
+                f"below what the requests in flight hold (~{inflight:,} tokens): it "
+                "will queue them and hit less than predicted; lower the concurrency "
+                "or --max-inflight, or shrink contexts with --block-tokens"
+            )
     return "\n".join(lines)
 
 

@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 
 from tests.builders import session, subagent, trace_of
 from traces.cache import lru_hits
-from traces.cache_curve import cache_curve, model_of_requests, trace_model
+from traces.cache_curve import (
+    cache_curve,
+    inflight_tokens,
+    model_of_requests,
+    trace_model,
+)
 from traces.errors import TraceError
 from traces.io import read_trace
 from traces.model import Request, Trace
@@ -50,9 +55,16 @@ def _two_sessions() -> Trace:
 
 
 def _order(trace: Trace, **kw: float) -> list[tuple[str, int, float]]:
+    lanes = int(kw.pop("concurrency", 1))
+    cap = kw.pop("max_inflight", None)
     return [
         (s.session.session_id, s.index, s.send_s)
-        for s in send_order(trace, concurrency=int(kw.pop("concurrency", 1)), **kw)
+        for s in send_order(
+            trace,
+            concurrency=lanes,
+            max_inflight=None if cap is None else int(cap),
+            **kw,
+        )
     ]
 
 
@@ -110,11 +122,52 @@ def test_send_order_subagents_run_beside_their_parent_and_join() -> None:
     ]
 
 
+def test_send_order_max_inflight_queues_due_requests_fifo() -> None:
+    # One slot: B0 waits for A0 (ends 1); A1, due at 1, waits behind B0 (ends 2.5)...
+    order = _order(_two_sessions(), concurrency=2, think_scale=0.0, max_inflight=1)
+    assert order == [
+        ("A", 0, 0.0),
+        ("B", 0, 1.0),
+        ("A", 1, 2.5),
+        ("B", 1, 3.5),
+        ("A", 2, 5.0),
+    ]
+    sent = send_order(_two_sessions(), concurrency=2, think_scale=0.0, max_inflight=1)
+    assert [s.end_s for s in sent] == [1.0, 2.5, 3.5, 5.0, 6.0]
+    # A cap no lower than the lanes changes nothing.
+    assert _order(
+        _two_sessions(), concurrency=2, think_scale=0.0, max_inflight=2
+    ) == _order(_two_sessions(), concurrency=2, think_scale=0.0)
+
+
 def test_send_order_bad_arguments() -> None:
     with pytest.raises(ValueError, match="concurrency"):
         send_order(_tree(), concurrency=0)
     with pytest.raises(ValueError, match="think scale"):
         send_order(_tree(), concurrency=1, think_scale=-1.0)
+    with pytest.raises(ValueError, match="in-flight"):
+        send_order(_tree(), concurrency=1, max_inflight=0)
+
+
+def test_inflight_tokens_by_hand() -> None:
+    # Held = input + output (1): A0 21, B0 31, A1 31, B1 51, A2 36. At concurrency 2
+    # (sends A0@0 B0@0 A1@1 B1@1.5 A2@2; ends 1, 1.5, 2, 3, 3) the requests in flight
+    # at each send hold 21, 52, 62, 82, 87: p90 = 82 + 0.6 x 5 = 85.
+    order = send_order(_two_sessions(), concurrency=2, think_scale=0.0)
+    assert inflight_tokens(order, block_size=BS, block_tokens=BS) == 85
+    # Twice the tokens per block: prompts double, outputs do not (41 .. 172: 168).
+    assert inflight_tokens(order, block_size=BS, block_tokens=2 * BS) == 168
+    # One in flight: each alone, 21, 31, 31, 51, 36: p90 = 36 + 0.6 x 15 = 45.
+    one = send_order(_two_sessions(), concurrency=2, think_scale=0.0, max_inflight=1)
+    assert inflight_tokens(one, block_size=BS, block_tokens=BS) == 45
+    curve = cache_curve(
+        _two_sessions(), concurrency=2, think_scale=0.0, budgets_tokens=[80, 90]
+    )
+    assert curve.inflight_tokens == 85
+    assert [curve.below_inflight(p.budget_tokens) for p in curve.points] == [
+        True,
+        False,
+    ]
 
 
 # LRU by hand, order A0, B0, A1, B1, A2 (recency lists, most recent first):
