@@ -63,7 +63,7 @@ class CapacitySearch:
     max_level: float | None = None  # never run above this
     rate_resolution: float = 0.1  # rate bisection stops at hi / lo <= 1 + this
     max_cells: int | None = None  # budget: cells run (widened ones included)
-    max_time_s: float | None = None  # budget: no cell starts that would end later
+    max_time_s: float | None = None  # budget from server ready: no cell ends after
     max_error_rate: float = 0.1  # a cell with more failed requests fails
     reset_cache: bool = False  # ask the server to drop its prefix cache per cell
     widen_borderline: bool = True  # run a borderline cell again, twice as long
@@ -204,7 +204,6 @@ def run_capacity(
         "cells": cells,
         "reset_cache": None,
     }
-    t0 = time.monotonic()
     stopped: str | None = None
 
     def save(status: Status) -> dict[str, Any]:
@@ -215,6 +214,7 @@ def run_capacity(
         return doc
 
     with running_endpoint(config) as (resolved, _sim):
+        t0 = time.monotonic()  # the time budget counts cells, not starting the sim
         level = bounds.next_level()
         try:
             while level is not None:

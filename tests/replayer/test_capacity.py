@@ -222,3 +222,26 @@ def test_capacity_bad_input_is_one_line(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_capacity_searches_the_session_rate_and_honours_max_time(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "cap"
+    r = _capacity(
+        str(_knee_trace(tmp_path / "t.jsonl")),
+        "--slo", "ttft=100s", "--out", str(out), "--duration", "1",
+        "--session-rate", "2", "--max-time", "1.5", "--no-widen", "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    # The first cell (1 s) fits in 1.5 s; the second would end after it.
+    assert [c["name"] for c in doc["cells"]] == ["r2"]
+    assert doc["search"]["mode"] == "session_rate"
+    result = doc["result"]
+    assert result["status"] == "budget"
+    assert "--max-time 1.5" in result["stopped_because"]
+    assert result["max_session_rate"] == 2.0
+    meta = json.loads((out / "r2" / "run.json").read_text())
+    assert meta["mode"]["kind"] == "session_rate"
+    assert meta["mode"]["session_rate"] == 2.0
