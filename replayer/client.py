@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
@@ -64,10 +65,17 @@ class ChatClient(Protocol):
         """The served model ids; None when the server has no model list."""
         ...
 
-    async def send(self, body: bytes, out: Outcome | None = None) -> Outcome:
-        """POST ``body``, stream the response into ``out`` (a new one by default);
-        failures are data, never raised. Cancelled, it re-raises; ``out`` then holds
-        what was measured before the cancel."""
+    async def send(
+        self,
+        body: bytes,
+        out: Outcome | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> Outcome:
+        """POST ``body`` (with extra ``headers``: session routing), stream the
+        response into ``out`` (a new one by default); failures are data, never
+        raised. Cancelled, it re-raises; ``out`` then holds what was measured
+        before the cancel."""
         ...
 
 
@@ -152,19 +160,25 @@ class Client:
         data = obj.get("data") if isinstance(obj, dict) else None
         return [str(m.get("id")) for m in data or () if isinstance(m, dict)]
 
-    async def send(self, body: bytes, out: Outcome | None = None) -> Outcome:
-        """POST ``body`` and stream the response into ``out``; failures are recorded,
-        not raised. Cancelled, it re-raises, and ``out`` keeps the send time, the first
-        token and the chunks received so far."""
+    async def send(
+        self,
+        body: bytes,
+        out: Outcome | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> Outcome:
+        """POST ``body`` (plus ``headers``) and stream the response into ``out``;
+        failures are recorded, not raised. Cancelled, it re-raises, and ``out``
+        keeps the send time, the first token and the chunks received so far."""
         out = out if out is not None else Outcome()
         for attempt in range(2):
             out.start_ns = self.clock.now_ns()
             try:
                 if self.endpoint.total_timeout_s is None:
-                    await self._stream(body, out)
+                    await self._stream(body, out, headers)
                 else:
                     async with asyncio.timeout(self.endpoint.total_timeout_s):
-                        await self._stream(body, out)
+                        await self._stream(body, out, headers)
             except _RETRYABLE_BEFORE_SEND as exc:
                 if out.http_status is None and attempt == 0:
                     out.retries += 1
@@ -183,10 +197,11 @@ class Client:
         out.end_ns = self.clock.now_ns()
         return out
 
-    async def _stream(self, body: bytes, out: Outcome) -> None:
-        async with self.session.post(
-            self._url, data=body, headers=self._headers
-        ) as resp:
+    async def _stream(
+        self, body: bytes, out: Outcome, headers: Mapping[str, str] | None
+    ) -> None:
+        sent = self._headers if not headers else {**self._headers, **headers}
+        async with self.session.post(self._url, data=body, headers=sent) as resp:
             out.http_status = resp.status
             if resp.status != 200:
                 text = await resp.text(errors="replace")

@@ -61,6 +61,8 @@ class RequestRecord:
     inflight_at_send: int = 0  # requests in flight (all workers' view of this one)
     lanes_at_send: int = 0  # live session trees when it was sent
     warmup: bool = False  # started inside the warm-up window
+    primer: bool = False  # a max_tokens=1 request priming a mid-session start
+    replay_index: int = 0  # which replay of its tree (the cache-bust marker's)
 
 
 RECORD_SCHEMA = pa.schema(
@@ -97,6 +99,8 @@ RECORD_SCHEMA = pa.schema(
         ("inflight_at_send", pa.int32()),
         ("lanes_at_send", pa.int32()),
         ("warmup", pa.bool_()),
+        ("primer", pa.bool_()),
+        ("replay_index", pa.int32()),
     ]
 )
 
@@ -314,6 +318,10 @@ class RunMeta:
     # scraped, or the run did not finish).
     server_metrics: dict[str, Any] | None = None
     materializer: dict[str, Any] | None = None  # block cache statistics
+    # The AgentX protocol's resolved settings and what the run did with them:
+    # profile, start ratio, cache warm-up, window, idle skipped, duplication factor,
+    # on-error policy, session header (None: a run without any of it).
+    protocol: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -50,6 +50,9 @@ class PromptConfig:
     # A local tokenizer.json: chat text is then made of words that are single tokens
     # in that vocabulary, so message content is exact in the model's own tokens.
     tokenizer: str | None = None
+    # Each replay of a session (a recycled tree) gets content of its own, so that
+    # two replays never share cache while the turns of one replay do.
+    replay_markers: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.token_min < self.token_max:
@@ -239,6 +242,13 @@ class Materializer:
         scale = bt / bs
         return n_full, round((partial + unhashed) * scale)
 
+    def replay_namespace(self, namespace: str, replay: int) -> str:
+        """The namespace blocks of replay ``replay`` are derived from: the per-replay
+        cache-bust marker (replay 0 keeps the plain namespace)."""
+        if replay == 0 or not self.config.replay_markers:
+            return namespace
+        return f"{namespace}#{replay}"
+
     def prompt(
         self,
         session: Session,
@@ -255,7 +265,7 @@ class Materializer:
         request = session.requests[request_index]
         bt = self.block_tokens_for(session)
         bs = session.block_size
-        ns = namespace if replay == 0 else f"{namespace}#{replay}"
+        ns = self.replay_namespace(namespace, replay)
         ids = request.hash_ids.tolist()
         n_full, tail = self._shape(session, request, bt)
         hashed_partial = len(ids) > n_full  # the last hashed block is partial
