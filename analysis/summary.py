@@ -19,6 +19,7 @@ from analysis.depth import by_depth, by_turn
 from analysis.errors import AnalysisError
 from analysis.load import Run, block_tokens_of
 from analysis.sessions import session_trees
+from analysis.validity import verdict
 from replayer.records import RunMeta
 from traces.model import Trace
 
@@ -50,6 +51,8 @@ class Summary:
     by_depth: list[dict[str, Any]]  # per subagent depth: the same
     goodput: dict[str, Any] | None = None
     gpus: int | None = None
+    # The AgentX verdict (analysis.validity): valid, invalid_reasons, window, gates.
+    validity: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (NaN left as NaN; ``cli.echo_json`` prints null)."""
@@ -75,7 +78,33 @@ class Summary:
         }
         if self.goodput is not None:
             out["goodput"] = self.goodput
+        if self.validity is not None:
+            out.update(agentx_figures(self))
         return out
+
+
+def agentx_figures(s: Summary) -> dict[str, Any]:
+    """The AgentX verdict and headline, over the measured window: ``valid``,
+    ``invalid_reasons``, ``window`` and ``agentx`` (E2E-normalized interactivity,
+    interactivity, throughput per GPU, theoretical vs server prefix hit, labels)."""
+    assert s.validity is not None
+    tput = s.throughput_tok_s
+    return {
+        "valid": s.validity["valid"],
+        "invalid_reasons": s.validity["invalid_reasons"],
+        "window": s.validity["window"],
+        "agentx": {
+            "e2e_norm_interactivity_tok_s": s.e2e_norm_interactivity_tok_s,
+            "interactivity_tok_s": s.interactivity_tok_s,
+            "throughput_per_gpu_tok_s": tput.get("per_gpu"),
+            "prefix_hit": {
+                "theoretical": s.cache_hit_rate.get("ideal"),
+                "server": s.cache_hit_rate.get("server"),
+            },
+            "gates": s.validity["gates"],
+            "labels": s.run.get("labels"),
+        },
+    }
 
 
 def _run_info(run: Run) -> dict[str, Any]:
@@ -220,4 +249,5 @@ def summarize(
         by_depth=by_depth(df, lru),
         goodput=m.goodput(df, slo) if slo is not None else None,
         gpus=gpus,
+        validity=verdict(df, run.meta),
     )

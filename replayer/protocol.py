@@ -36,13 +36,24 @@ def check_duplication(trace: Trace, config: ReplayConfig) -> None:
         )
 
 
+def window_s(config: ReplayConfig) -> float | None:
+    """The measured window's planned length: ``--duration`` after a warm-up phase;
+    without one, ``--duration`` less the flag-only ``--warmup`` (both count from the
+    run's start then). None: no duration (the trace decides)."""
+    if config.duration_s is None:
+        return None
+    if config.phased:
+        return config.duration_s
+    return max(0.0, config.duration_s - config.warmup_s)
+
+
 def protocol_meta(trace: Trace, config: ReplayConfig) -> dict[str, Any]:
     """``run.json`` ``protocol`` before the run: the resolved settings."""
     return {
         "profile": config.profile,
         "start_ratio": None if config.start_ratio is None else list(config.start_ratio),
         "cache_warmup_s": config.cache_warmup_s,
-        "window_s": config.duration_s,
+        "window_s": window_s(config),
         "idle_skip_s": config.idle_skip_s,
         "recycle": config.loop,
         "replay_markers": config.prompt.replay_markers,
