@@ -19,7 +19,7 @@ from analysis.depth import by_depth, by_turn
 from analysis.errors import AnalysisError
 from analysis.load import Run, block_tokens_of
 from analysis.sessions import session_trees
-from analysis.validity import verdict
+from analysis.validity import block_ideal_hit_rate, verdict
 from replayer.records import RunMeta
 from traces.model import Trace
 
@@ -99,6 +99,7 @@ def agentx_figures(s: Summary) -> dict[str, Any]:
             "throughput_per_gpu_tok_s": tput.get("per_gpu"),
             "prefix_hit": {
                 "theoretical": s.cache_hit_rate.get("ideal"),
+                "theoretical_server_blocks": s.validity["block_ideal"],
                 "server": s.cache_hit_rate.get("server"),
             },
             "gates": s.validity["gates"],
@@ -249,5 +250,8 @@ def summarize(
         by_depth=by_depth(df, lru),
         goodput=m.goodput(df, slo) if slo is not None else None,
         gpus=gpus,
-        validity=verdict(df, run.meta),
+        validity={
+            **verdict(df, run.meta),
+            "block_ideal": block_ideal_hit_rate(df, tolerance),
+        },
     )

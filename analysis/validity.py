@@ -43,6 +43,23 @@ def context_overflows(df: pd.DataFrame) -> npt.NDArray[np.bool_]:
     return np.isin(status, (400, 413, 422)) & said & m.has_status(df, "http_error")
 
 
+def block_ideal_hit_rate(df: pd.DataFrame, block_tokens: int | None) -> float:
+    """The theoretical hit at the server's KV block size: a prefix cache holds whole
+    blocks and always computes a prompt's last token.
+
+    Formula: Σ floor(min(ideal_cached_tokens, P - 1) / B) * B / Σ P, with P the
+    server's prompt tokens (else the sent ones) and B ``block_tokens``. Population:
+    ok, measured rows. NaN without a block size.
+    """
+    if not block_tokens:
+        return math.nan
+    keep = m.measured_ok(df)
+    prompt = m.server_prompt(df)[keep]
+    ideal = np.minimum(m.column(df, "ideal_cached_tokens")[keep], prompt - 1)
+    hits = np.floor(np.maximum(ideal, 0) / block_tokens) * block_tokens
+    return m.hit_rate(hits, prompt)
+
+
 def window(df: pd.DataFrame, meta: RunMeta) -> dict[str, float]:
     """The measured window, s from the run's start: it opens at ``run.json``
     ``measure_start_ns`` and closes at ``--duration`` after that (or, without one,

@@ -110,7 +110,10 @@ def test_validity_a_clean_agentx_run_is_valid(tmp_path: Path) -> None:
     assert s["e2e_norm_interactivity_tok_s"] == pytest.approx(10.0)
     head = s["agentx"]
     assert head["e2e_norm_interactivity_tok_s"] == pytest.approx(10.0)
-    assert head["prefix_hit"] == {"theoretical": 0.9, "server": 0.8}
+    assert head["prefix_hit"]["theoretical"] == 0.9
+    assert head["prefix_hit"]["server"] == 0.8
+    # At the server's block size (here the trace's 64): 896 of 900 in whole blocks.
+    assert head["prefix_hit"]["theoretical_server_blocks"] == pytest.approx(0.896)
     assert s["warmup"] == 2
 
 
