@@ -103,6 +103,7 @@ def agentx_figures(s: Summary) -> dict[str, Any]:
                 "server": s.cache_hit_rate.get("server"),
             },
             "gates": s.validity["gates"],
+            "live_drift": s.validity["live_drift"],
             "labels": s.run.get("labels"),
         },
     }

@@ -60,6 +60,29 @@ def block_ideal_hit_rate(df: pd.DataFrame, block_tokens: int | None) -> float:
     return m.hit_rate(hits, prompt)
 
 
+def live_drift(df: pd.DataFrame) -> dict[str, float] | None:
+    """How far --live-assistant prompts drifted from the trace's, over the window.
+
+    Formula: per request, live_drift_tokens = tokens sent - tokens the recorded
+    replies would have taken; ``share`` = Σ drift / Σ (prompt_tokens - drift).
+    Population: ok, measured rows with a drift. None for a run without live replies.
+    """
+    if "live_drift_tokens" not in df.columns:
+        return None
+    drift = m.column(df, "live_drift_tokens")
+    keep = m.measured_ok(df) & ~np.isnan(drift)
+    if not keep.any():
+        return None
+    d = drift[keep]
+    recorded = m.column(df, "prompt_tokens")[keep] - d
+    return {
+        "requests": int(keep.sum()),
+        "mean_tokens": float(d.mean()),
+        "p90_abs_tokens": m.percentile(np.abs(d), 90),
+        "share": float(d.sum() / recorded.sum()) if recorded.sum() else math.nan,
+    }
+
+
 def window(df: pd.DataFrame, meta: RunMeta) -> dict[str, float]:
     """The measured window, s from the run's start: it opens at ``run.json``
     ``measure_start_ns`` and closes at ``--duration`` after that (or, without one,
@@ -132,6 +155,7 @@ def verdict(df: pd.DataFrame, meta: RunMeta) -> dict[str, Any]:
         "valid": not reasons,
         "invalid_reasons": reasons,
         "window": win,
+        "live_drift": live_drift(df),
         "gates": {
             "context_overflow_rate": overflow,
             "window_s": win["length_s"],

@@ -51,6 +51,7 @@ class Outcome:
     error_message: str | None = None
     retries: int = 0
     finish_reason: str | None = None
+    text: list[str] | None = None  # the reply's text, collected when not None
 
     def fail(self, status: Status, error_type: str, message: str) -> None:
         self.status = status
@@ -223,7 +224,8 @@ class Client:
         clock = self.clock
         start = out.start_ns
         content = resp.content
-        framer = EventFramer()
+        text = out.text
+        framer = EventFramer(text=text is not None)
         done = False
         while not done:
             data = await content.readany()
@@ -240,6 +242,8 @@ class Client:
                     if out.first_token_ns is None:
                         out.first_token_ns = stamp
                     out.chunk_times_ns.append(stamp - start)
+                if text is not None and event.text:
+                    text.append(event.text)
                 if event.usage is not None:
                     prompt, completion, cached = usage_counts(event.usage)
                     out.server_prompt_tokens = prompt

@@ -212,6 +212,9 @@ class ReplayConfig:
     session_id_scope: SessionIdScope = "tree"  # a subagent's identity: its root's
     # The CLI's error gate (exit status 1 above it), recorded with the rest.
     max_error_rate: float | None = None
+    # Carry the model's real replies into the history (chat) instead of the
+    # recorded ones: prompts then drift from the trace (reported per request).
+    live_assistant: bool = False
 
     def __post_init__(self) -> None:
         if self.start_ratio is not None:
@@ -225,6 +228,10 @@ class ReplayConfig:
         if self.cache_warmup_s < 0:
             raise ConfigError(
                 f"cache warm-up must be >= 0 s (got {self.cache_warmup_s})"
+            )
+        if self.live_assistant and self.endpoint.api != "chat":
+            raise ConfigError(
+                "--live-assistant carries replies as messages: it needs --api chat"
             )
         if self.idle_skip_s is not None and self.idle_skip_s < 0:
             raise ConfigError(f"idle skip must be >= 0 s (got {self.idle_skip_s})")

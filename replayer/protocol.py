@@ -60,6 +60,7 @@ def protocol_meta(trace: Trace, config: ReplayConfig) -> dict[str, Any]:
         "on_error": config.on_error,
         "session_header": config.session_header,
         "session_id_scope": config.session_id_scope,
+        "live_assistant": config.live_assistant,
         "distinct_trees": len(trace.sessions),
         "duplication_factor": duplication_factor(trace, config),
     }

@@ -63,6 +63,9 @@ class RequestRecord:
     warmup: bool = False  # started inside the warm-up window
     primer: bool = False  # a max_tokens=1 request priming a mid-session start
     replay_index: int = 0  # which replay of its tree (the cache-bust marker's)
+    # --live-assistant: prompt tokens sent minus those the recorded replies would
+    # have taken (None: the history was the trace's).
+    live_drift_tokens: int | None = None
 
 
 RECORD_SCHEMA = pa.schema(
@@ -101,6 +104,7 @@ RECORD_SCHEMA = pa.schema(
         ("warmup", pa.bool_()),
         ("primer", pa.bool_()),
         ("replay_index", pa.int32()),
+        ("live_drift_tokens", pa.int64()),
     ]
 )
 

@@ -11,8 +11,7 @@ is primed by one ``max_tokens=1`` request, flagged and excluded from every figur
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -32,7 +31,7 @@ if TYPE_CHECKING:
     from replayer.progress import RunCounters
     from replayer.recorder import ParquetRecorder
     from replayer.schedule import IdleSkip, StopControl
-    from traces.materialize import Materializer, Prompt
+    from traces.materialize import Materializer, Prompt, Reply
     from traces.model import Session
 
 
@@ -63,23 +62,24 @@ class PromptBuilder:
         max_tokens: int,
         *,
         sent_tokens: int | None = None,
+        replies: Mapping[int, Reply] | None = None,
     ) -> tuple[Prompt, bytes]:
         """Request ``i`` of ``session``: its prompt and the whole POST body.
         ``sent_tokens``: its size when the caller has it (``Materializer.sent_tokens``),
-        which decides where it is built."""
+        which decides where it is built. ``replies``: live assistant replies."""
         if sent_tokens is None:
             sent_tokens, _ = self.materializer.sent_tokens(session, session.requests[i])
-        if sent_tokens < self._inline_tokens:
-            return self._build(session, i, namespace, replay, max_tokens)
-        loop = asyncio.get_running_loop()
-        job = functools.partial(self._build, session, i, namespace, replay, max_tokens)
-        return await loop.run_in_executor(self._executor, job)
 
-    def _build(
-        self, session: Session, i: int, namespace: str, replay: int, max_tokens: int
-    ) -> tuple[Prompt, bytes]:
-        prompt = self.materializer.prompt(session, i, namespace, replay=replay)
-        return prompt, self._body(prompt.fragment, max_tokens)
+        def job() -> tuple[Prompt, bytes]:
+            prompt = self.materializer.prompt(
+                session, i, namespace, replay=replay, replies=replies
+            )
+            return prompt, self._body(prompt.fragment, max_tokens)
+
+        if sent_tokens < self._inline_tokens:
+            return job()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, job)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -225,6 +225,8 @@ async def _play_turns(
     speedup = timestamps.speedup if isinstance(timestamps, TraceTimestamps) else None
     session = place.session
     spawned: dict[int, list[asyncio.Task[None]]] = {}
+    # --live-assistant: this replay's own replies, by request index.
+    replies: dict[int, Reply] | None = {} if ctx.config.live_assistant else None
 
     def gap_ns(think_time_s: float, after_abs: int) -> int:
         # The cache-pressure warm-up plays with zero think gaps.
@@ -291,7 +293,7 @@ async def _play_turns(
         await sleep_until(due)
         if stop.past(clock.now_ns()):
             return
-        record = await _request(ctx, place, i, due)
+        record = await _request(ctx, place, i, due, replies=replies)
         prev_end_abs = ctx.t0_ns + (record.end_ns or ctx.rel(clock.now_ns()))
         if record.status != "ok" and not _go_on(ctx, place, i):
             return
@@ -368,7 +370,13 @@ def _base_record(
 
 
 async def _request(
-    ctx: RunContext, place: _Place, i: int, due_abs: int, *, primer: bool = False
+    ctx: RunContext,
+    place: _Place,
+    i: int,
+    due_abs: int,
+    *,
+    primer: bool = False,
+    replies: dict[int, Reply] | None = None,
 ) -> RequestRecord:
     session = place.session
     rec = _base_record(ctx, place, i, ctx.rel(due_abs), "ok", primer=primer)
@@ -379,7 +387,10 @@ async def _request(
         place.replay,
         rec.requested_output_tokens,
         sent_tokens=rec.prompt_tokens,  # _base_record's sent_tokens
+        replies=None if replies is None else dict(replies),
     )
+    if replies is not None:
+        rec.live_drift_tokens = prompt.drift_tokens
     rec.prompt_tokens = prompt.prompt_tokens
     rec.dropped_input_tokens = prompt.dropped_tokens
     rec.ideal_cached_tokens = min(rec.ideal_cached_tokens, prompt.prompt_tokens)
@@ -391,6 +402,12 @@ async def _request(
     rec.lanes_at_send = counters.lanes
     counters.inflight += 1
     outcome = Outcome()
+    # A reply is carried only from a full-length request (not a 1-token warm-up).
+    live = replies is not None and rec.requested_output_tokens == max(
+        1, session.requests[i].output_tokens
+    )
+    if live:
+        outcome.text = []
     header = ctx.config.session_header
     try:
         if header is None:
@@ -414,6 +431,8 @@ async def _request(
             admission.release()
     _fill(ctx, rec, outcome)
     ctx.recorder.put(rec)
+    if live and rec.status == "ok" and outcome.text is not None and replies is not None:
+        replies[i] = ("".join(outcome.text), rec.output_tokens or 0)
     return rec
 
 

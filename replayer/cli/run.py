@@ -320,6 +320,12 @@ def _protocol_options() -> list[Callable[[F], F]]:
             show_default=True,
             help="A subagent's session identity: its root's (tree) or its own.",
         ),
+        click.option(
+            "--live-assistant",
+            is_flag=True,
+            help="Carry the model's real replies into the history (needs --api "
+            "chat): prompts drift from the trace, reported per request and run.",
+        ),
         click.option("--hardware", help="Label: accelerator (e.g. H100-SXM)."),
         click.option("--precision", help="Label: weights/KV precision (fp8 ...)."),
         click.option(
@@ -500,6 +506,7 @@ def build_config(
         session_header=_session_header(opts, ROUTING_HEADERS),
         session_id_scope=opts["session_id_scope"],
         max_error_rate=opts["max_error_rate"],
+        live_assistant=opts["live_assistant"],
     )
 
 

@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestServer
 
 from analysis.load import load_run
 from analysis.metrics import counts, numeric_view
+from analysis.summary import summarize
 from replayer.config import Lanes, ReplayConfig
 from replayer.errors import ConfigError
 from replayer.launch import replay_trace
@@ -311,3 +312,46 @@ async def test_agentx_session_header_on_every_request_of_a_tree(
     else:
         assert seen == {f"{sid}#0" for sid in rows.session_id.unique()}
         assert len(seen) == 5
+
+
+async def test_agentx_live_assistant_carries_real_replies_and_reports_drift(
+    aiohttp_server: Serve, tmp_path: Path
+) -> None:
+    # Turn i is over blocks 1..2+2i of 4 tokens: after each turn's prompt, one block
+    # of recorded reply (out = 4), then one block of the next user message.
+    s = session("s", [request(blocks=2 + 2 * i, block_size=4, out=4) for i in range(4)])
+    fake = FakeLLM(tokens=2)  # the model replies "t0 t1 ": 2 tokens, not 4
+    url = await _serve(aiohttp_server, fake)
+    runs = {}
+    for live in (False, True):
+        cfg = replace(
+            engine_config(url=url, api="chat", think_scale=0.0), live_assistant=live
+        )
+        await replay_trace(trace_of(s), cfg, tmp_path / f"live-{live}")
+        runs[live] = (
+            pd.read_parquet(tmp_path / f"live-{live}" / "requests")
+            .sort_values("request_index")
+            .reset_index(drop=True)
+        )
+    live_bodies = fake.bodies[4:]
+    # Each request carries the model's own earlier replies as assistant messages.
+    for i, body in enumerate(live_bodies):
+        replies = [m["content"] for m in body["messages"] if m["role"] == "assistant"]
+        assert replies == ["t0 t1 "] * i
+    # The recorded run carries the trace's replies (filler blocks), never those.
+    assert all(m["content"] != "t0 t1 " for b in fake.bodies[:4] for m in b["messages"])
+    rec, lv = runs[False], runs[True]
+    assert rec.live_drift_tokens.isna().all()
+    # A recorded reply costs 4 tokens (3 of its block + its role), a live one 3.
+    assert lv.live_drift_tokens.tolist() == [0, -1, -2, -3]
+    assert (lv.prompt_tokens - rec.prompt_tokens).tolist() == [0, -1, -2, -3]
+    # Per run: analyze reports the drift over the window.
+    summary = summarize(load_run(tmp_path / "live-True")).as_dict()
+    drift = summary["agentx"]["live_drift"]
+    assert drift["requests"] == 4
+    assert drift["mean_tokens"] == pytest.approx(-1.5)
+    assert drift["share"] == pytest.approx(-6 / int(rec.prompt_tokens.sum()))
+    assert (
+        summarize(load_run(tmp_path / "live-False")).as_dict()["agentx"]["live_drift"]
+        is None
+    )
