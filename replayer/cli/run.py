@@ -374,6 +374,12 @@ def apply_profile(opts: dict[str, Any]) -> dict[str, Any]:
         return opts
     from replayer.config import AGENTX_DEFAULTS
 
+    if opts.get("session_rate") is not None or opts.get("timestamps"):
+        raise click.UsageError(
+            "--profile agentx keeps N session trees live: use --concurrency, not "
+            "--session-rate or --timestamps"
+        )
+
     ctx = click.get_current_context()
     explicit = (
         click.core.ParameterSource.COMMANDLINE,

@@ -82,3 +82,13 @@ def test_cli_agentx_abort_run_exits_1(tmp_path: Path) -> None:
     assert "--on-error abort-run" in res.stderr
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
     assert meta["protocol"]["aborted"]
+
+
+def test_cli_agentx_profile_needs_lanes(tmp_path: Path) -> None:
+    res = _cli(
+        "run", str(TRACE), "--profile", "agentx", "--session-rate", "1",
+        "--quiet", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert "--profile agentx keeps N session trees live" in res.stderr
+    assert not (tmp_path / "run").exists()
