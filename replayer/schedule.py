@@ -110,15 +110,20 @@ class IdleSkip:
             self._idle_since = self.clock.now_ns()
             self._poke.set()
 
-    async def sleep_until(self, deadline_ns: int) -> None:
-        """A think gap: like ``clock.sleep_until``, shortened when skipped."""
+    async def sleep_until(self, deadline_ns: int, *, cap_ns: int | None = None) -> bool:
+        """A think gap: like ``clock.sleep_until``, shortened when skipped. With
+        ``cap_ns`` (the window's end) it waits no later than that: False when the
+        gap, shortened or not, still ends after it."""
         gap = _Gap(deadline_ns, asyncio.Event())
         self._gaps.append(gap)
         self.idle()
         try:
             while True:
+                end = (
+                    gap.deadline_ns if cap_ns is None else min(gap.deadline_ns, cap_ns)
+                )
                 async with asyncio.TaskGroup() as tg:
-                    sleep = tg.create_task(self.clock.sleep_until(gap.deadline_ns))
+                    sleep = tg.create_task(self.clock.sleep_until(end))
                     woken = tg.create_task(gap.wake.wait())
                     await asyncio.wait(
                         {sleep, woken}, return_when=asyncio.FIRST_COMPLETED
@@ -127,7 +132,7 @@ class IdleSkip:
                     sleep.cancel()
                     woken.cancel()
                 if slept:
-                    return
+                    return gap.deadline_ns <= end
                 gap.wake.clear()
         finally:
             self._gaps.remove(gap)

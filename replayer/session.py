@@ -220,7 +220,6 @@ async def _play_turns(
     clock = ctx.clock
     stop = ctx.stop
     idle = ctx.idle
-    sleep_until = idle.sleep_until if idle is not None else clock.sleep_until
     timestamps = ctx.config.schedule
     speedup = timestamps.speedup if isinstance(timestamps, TraceTimestamps) else None
     session = place.session
@@ -284,13 +283,18 @@ async def _play_turns(
                 if not t.cancelled() and t.exception() is not None:
                     raise t.exception()  # type: ignore[misc]
             due = max(due, clock.now_ns())
-        if stop.past(due):
-            # The agent is still thinking when the window closes: its lane stays
-            # taken until then, rather than churning through first turns.
+        # An agent still thinking when the window closes keeps its lane taken until
+        # then, rather than letting it churn through first turns.
+        if idle is not None:
+            # Idle skipping may bring the gap's end forward, into the window.
+            if not await idle.sleep_until(due, cap_ns=stop.deadline_ns):
+                return
+        elif stop.past(due):
             if not stop.stopping and stop.deadline_ns is not None:
-                await sleep_until(stop.deadline_ns)
+                await clock.sleep_until(stop.deadline_ns)
             return
-        await sleep_until(due)
+        else:
+            await clock.sleep_until(due)
         if stop.past(clock.now_ns()):
             return
         record = await _request(ctx, place, i, due, replies=replies)

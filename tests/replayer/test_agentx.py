@@ -229,6 +229,33 @@ async def test_agentx_idle_skip_compresses_whole_system_idle(tmp_path: Path) -> 
     assert meta.protocol["idle_skipped_s"] == pytest.approx(90.0)
 
 
+async def test_agentx_idle_skip_and_the_window_end(tmp_path: Path) -> None:
+    # a's 100 s gap ends past the 15 s window; skipped to 10 s, it falls inside it.
+    # b's gap, skipped to 10 s as well, still ends past it: b's lane stays taken
+    # until the window closes, and c never starts.
+    a = session("a", [request(blocks=1), request(blocks=2, think=100.0)])
+    b = session("b", [request(blocks=1), request(blocks=2, think=200.0)])
+    c = session("c", [request(blocks=1)])
+    rows, meta, _ = await run_fake(
+        trace_of(a, b, c),
+        tmp_path / "run",
+        duration_s=15.0,
+        idle_skip_s=10.0,
+        client={"ttft_ns": 1_000},
+    )
+    sent = rows.sort_values("start_ns")[["session_id", "request_index", "start_ns"]]
+    assert [tuple(r[:2]) for r in sent.itertuples(index=False)] == [
+        ("a", 0),
+        ("a", 1),
+        ("b", 0),
+    ]
+    assert int(sent.start_ns.iloc[1] - sent.start_ns.iloc[0]) == pytest.approx(
+        10e9, abs=1e4
+    )
+    assert meta.duration_s is not None
+    assert meta.duration_s >= 15.0  # the run lasted the window
+
+
 async def test_agentx_idle_skip_waits_while_another_lane_works(tmp_path: Path) -> None:
     thinker = session("a", [request(blocks=1), request(blocks=2, think=60.0)])
     # A long request (200 s) keeps the system busy through most of a's gap.
