@@ -87,7 +87,7 @@ def in_window(df: pd.DataFrame, window: SteadyWindow) -> pd.DataFrame:
         if c == "status":
             status = df[c].astype("category")  # a no-op on loaded runs
             out[c] = pd.Categorical.from_codes(
-                status.cat.codes.to_numpy()[keep], dtype=status.dtype
+                status.cat.codes.to_numpy()[keep], categories=status.cat.categories
             )
         elif c == "warmup":
             out[c] = m.is_warmup(df)[keep]

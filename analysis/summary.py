@@ -20,6 +20,7 @@ from analysis.errors import AnalysisError
 from analysis.load import Run, block_tokens_of
 from analysis.sessions import session_trees
 from analysis.steady import steady_state
+from analysis.validity import block_ideal_hit_rate, verdict
 from replayer.records import RunMeta
 from traces.model import Trace
 
@@ -59,6 +60,8 @@ class Summary:
     # The client's self-check (run.json), with pool waits from the rows: limited,
     # reasons, loop_lag_ms, loop_cpu_share, pool_wait_ms. None: not recorded.
     client_check: dict[str, Any] | None = None
+    # The AgentX verdict (analysis.validity): valid, invalid_reasons, window, gates.
+    validity: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (NaN left as NaN; ``cli.echo_json`` prints null)."""
@@ -88,7 +91,35 @@ class Summary:
         if self.goodput is not None:
             out["goodput"] = self.goodput
         out["client_check"] = self.client_check
+        if self.validity is not None:
+            out.update(agentx_figures(self))
         return out
+
+
+def agentx_figures(s: Summary) -> dict[str, Any]:
+    """The AgentX verdict and headline, over the measured window: ``valid``,
+    ``invalid_reasons``, ``window`` and ``agentx`` (E2E-normalized interactivity,
+    interactivity, throughput per GPU, theoretical vs server prefix hit, labels)."""
+    assert s.validity is not None
+    tput = s.throughput_tok_s
+    return {
+        "valid": s.validity["valid"],
+        "invalid_reasons": s.validity["invalid_reasons"],
+        "window": s.validity["window"],
+        "agentx": {
+            "e2e_norm_interactivity_tok_s": s.e2e_norm_interactivity_tok_s,
+            "interactivity_tok_s": s.interactivity_tok_s,
+            "throughput_per_gpu_tok_s": tput.get("per_gpu"),
+            "prefix_hit": {
+                "theoretical": s.cache_hit_rate.get("ideal"),
+                "theoretical_server_blocks": s.validity["block_ideal"],
+                "server": s.cache_hit_rate.get("server"),
+            },
+            "gates": s.validity["gates"],
+            "live_drift": s.validity["live_drift"],
+            "labels": s.run.get("labels"),
+        },
+    }
 
 
 def _run_info(run: Run) -> dict[str, Any]:
@@ -254,4 +285,8 @@ def summarize(
         goodput=m.goodput(df, slo) if slo is not None else None,
         gpus=gpus,
         client_check=_client_check(run),
+        validity={
+            **verdict(df, run.meta),
+            "block_ideal": block_ideal_hit_rate(df, tolerance),
+        },
     )

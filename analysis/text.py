@@ -180,7 +180,28 @@ def format_summaries(summaries: Sequence[dict[str, Any]]) -> str:
         if not s["run"].get("complete", True)
     ]
     notes += client_notes(summaries)
+    notes += [_verdict_line(s) for s in summaries if "valid" in s]
     return "\n".join([_grid(header, body), *notes])
+
+
+def _verdict_line(s: dict[str, Any]) -> str:
+    """One line: the AgentX verdict of a run, its window and its headline."""
+    win = s.get("window") or {}
+    head = s.get("agentx") or {}
+    hit = head.get("prefix_hit") or {}
+    verdict = (
+        "valid"
+        if s["valid"]
+        else "not valid (" + ", ".join(s.get("invalid_reasons", [])) + ")"
+    )
+    return (
+        f"{s['run']['name']}: AgentX {verdict}; window "
+        f"{fmt_value(win.get('start_s'), 'num')}-{fmt_value(win.get('end_s'), 'num')}"
+        f" s, coverage {fmt_value(win.get('coverage'), 'pct')}; E2E-norm "
+        f"interactivity {fmt_value(head.get('e2e_norm_interactivity_tok_s'), 'num')}"
+        f" tok/s/user; prefix hit server {fmt_value(hit.get('server'), 'pct')} vs "
+        f"theoretical {fmt_value(hit.get('theoretical'), 'pct')}"
+    )
 
 
 _POSITION_COLUMNS: tuple[tuple[str, str, str], ...] = (

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace, TracebackType
 from typing import Any, Protocol
@@ -52,6 +53,7 @@ class Outcome:
     finish_reason: str | None = None
     pool_wait_ns: int = 0  # waiting for a free pool slot + opening a connection
     _pool_since_ns: int = 0  # set by the connector's trace while it waits
+    text: list[str] | None = None  # the reply's text, collected when not None
 
     def fail(self, status: Status, error_type: str, message: str) -> None:
         self.status = status
@@ -66,10 +68,17 @@ class ChatClient(Protocol):
         """The served model ids; None when the server has no model list."""
         ...
 
-    async def send(self, body: bytes, out: Outcome | None = None) -> Outcome:
-        """POST ``body``, stream the response into ``out`` (a new one by default);
-        failures are data, never raised. Cancelled, it re-raises; ``out`` then holds
-        what was measured before the cancel."""
+    async def send(
+        self,
+        body: bytes,
+        out: Outcome | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> Outcome:
+        """POST ``body`` (with extra ``headers``: session routing), stream the
+        response into ``out`` (a new one by default); failures are data, never
+        raised. Cancelled, it re-raises; ``out`` then holds what was measured
+        before the cancel."""
         ...
 
 
@@ -200,19 +209,25 @@ class Client:
                 return None
         return None
 
-    async def send(self, body: bytes, out: Outcome | None = None) -> Outcome:
-        """POST ``body`` and stream the response into ``out``; failures are recorded,
-        not raised. Cancelled, it re-raises, and ``out`` keeps the send time, the first
-        token and the chunks received so far."""
+    async def send(
+        self,
+        body: bytes,
+        out: Outcome | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> Outcome:
+        """POST ``body`` (plus ``headers``) and stream the response into ``out``;
+        failures are recorded, not raised. Cancelled, it re-raises, and ``out``
+        keeps the send time, the first token and the chunks received so far."""
         out = out if out is not None else Outcome()
         for attempt in range(2):
             out.start_ns = self.clock.now_ns()
             try:
                 if self.endpoint.total_timeout_s is None:
-                    await self._stream(body, out)
+                    await self._stream(body, out, headers)
                 else:
                     async with asyncio.timeout(self.endpoint.total_timeout_s):
-                        await self._stream(body, out)
+                        await self._stream(body, out, headers)
             except _RETRYABLE_BEFORE_SEND as exc:
                 if out.http_status is None and attempt == 0:
                     out.retries += 1
@@ -231,9 +246,12 @@ class Client:
         out.end_ns = self.clock.now_ns()
         return out
 
-    async def _stream(self, body: bytes, out: Outcome) -> None:
+    async def _stream(
+        self, body: bytes, out: Outcome, headers: Mapping[str, str] | None
+    ) -> None:
+        sent = self._headers if not headers else {**self._headers, **headers}
         async with self.session.post(
-            self._url, data=body, headers=self._headers, trace_request_ctx=out
+            self._url, data=body, headers=sent, trace_request_ctx=out
         ) as resp:
             out.http_status = resp.status
             if resp.status != 200:
@@ -256,7 +274,8 @@ class Client:
         clock = self.clock
         start = out.start_ns
         content = resp.content
-        framer = EventFramer()
+        text = out.text
+        framer = EventFramer(text=text is not None)
         done = False
         while not done:
             data = await content.readany()
@@ -273,6 +292,8 @@ class Client:
                     if out.first_token_ns is None:
                         out.first_token_ns = stamp
                     out.chunk_times_ns.append(stamp - start)
+                if text is not None and event.text:
+                    text.append(event.text)
                 if event.usage is not None:
                     prompt, completion, cached = usage_counts(event.usage)
                     out.server_prompt_tokens = prompt

@@ -14,6 +14,15 @@ from traces.materialize import Api, PromptConfig
 Mode = Literal["concurrency", "session_rate", "timestamps"]
 Arrival = Literal["poisson", "gamma"]
 Drain = Literal["finish", "cancel"]
+Profile = Literal["agentx"]
+OnError = Literal["skip-session", "continue", "abort-run"]
+SessionIdScope = Literal["tree", "session"]
+# --session-routing: the header each KV-aware router reads for session affinity.
+ROUTING_HEADERS: dict[str, str] = {
+    "dynamo": "x-dynamo-session-id",
+    "sglang": "x-smg-routing-key",
+    "header": "x-session-id",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,8 +207,44 @@ class ReplayConfig:
     # None: this machine only. ray_workers: actors (None: one per live node).
     ray_address: str | None = None
     ray_workers: int | None = None
+    # The AgentX protocol (issue #13); `--profile agentx` sets the defaults below.
+    profile: Profile | None = None  # the protocol whose defaults were applied
+    # Each lane's first tree starts at a seeded point this far into its session
+    # (fraction of its recorded duration); its prefix is primed with one
+    # max_tokens=1 request. None: every tree starts at its first turn.
+    start_ratio: tuple[float, float] | None = None
+    # After the primers: zero think gaps, max_tokens=1, for this long; then the
+    # measured window opens (and --duration counts from there).
+    cache_warmup_s: float = 0.0
+    idle_skip_s: float | None = None  # whole-system idle beyond this is skipped
+    on_error: OnError = "skip-session"  # what a failed request does to the run
+    session_header: str | None = None  # HTTP header carrying the session identity
+    session_id_scope: SessionIdScope = "tree"  # a subagent's identity: its root's
+    # The CLI's error gate (exit status 1 above it), recorded with the rest.
+    max_error_rate: float | None = None
+    # Carry the model's real replies into the history (chat) instead of the
+    # recorded ones: prompts then drift from the trace (reported per request).
+    live_assistant: bool = False
 
     def __post_init__(self) -> None:
+        if self.start_ratio is not None:
+            lo, hi = self.start_ratio
+            if not 0 <= lo <= hi <= 1:
+                raise ConfigError(
+                    f"start ratio must satisfy 0 <= MIN <= MAX <= 1 (got {lo}-{hi})"
+                )
+            if not isinstance(self.schedule, Lanes):
+                raise ConfigError("mid-session starts need --concurrency (lanes)")
+        if self.cache_warmup_s < 0:
+            raise ConfigError(
+                f"cache warm-up must be >= 0 s (got {self.cache_warmup_s})"
+            )
+        if self.live_assistant and self.endpoint.api != "chat":
+            raise ConfigError(
+                "--live-assistant carries replies as messages: it needs --api chat"
+            )
+        if self.idle_skip_s is not None and self.idle_skip_s < 0:
+            raise ConfigError(f"idle skip must be >= 0 s (got {self.idle_skip_s})")
         if self.think_scale < 0:
             raise ConfigError(f"think scale must be >= 0 (got {self.think_scale})")
         if self.think_cap_s is not None and self.think_cap_s < 0:
@@ -228,4 +273,28 @@ class ReplayConfig:
         d["endpoint"] = self.endpoint.as_metadata()
         d["prompt"] = asdict(self.prompt)
         d["sim_args"] = list(self.sim_args)
+        d["start_ratio"] = None if self.start_ratio is None else list(self.start_ratio)
         return d
+
+    @property
+    def phased(self) -> bool:
+        """Whether the run has a warm-up phase before its measured window (primers
+        or a cache-pressure warm-up); --duration then counts from its end."""
+        return self.start_ratio is not None or self.cache_warmup_s > 0
+
+
+# What `--profile agentx` sets; every one is also a flag of its own, and an
+# explicit flag wins. The README's "Reproducing an AgentX point" says where each
+# value comes from and where AIPerf's implementation differs.
+AGENTX_DEFAULTS: dict[str, Any] = {
+    "start_ratio": (0.25, 0.75),
+    "cache_warmup_s": 300.0,
+    "duration_s": 3600.0,
+    "idle_skip_s": 10.0,
+    "loop": True,
+    "on_error": "continue",
+    "think_scale": 1.0,
+    "max_error_rate": 0.10,
+    "api": "chat",
+    "replay_markers": True,
+}

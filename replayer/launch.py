@@ -37,6 +37,7 @@ from replayer.config import (
 )
 from replayer.errors import ConfigError, EndpointError, RecorderError
 from replayer.progress import Progress, RunCounters, RunSummary, summarize_run
+from replayer.protocol import check_duplication, protocol_meta
 from replayer.recorder import ParquetRecorder
 from replayer.records import ModeInfo, RunMeta, TraceInfo
 from replayer.rundir import (
@@ -46,7 +47,7 @@ from replayer.rundir import (
     trace_content_hash,
     write_run_json,
 )
-from replayer.schedule import StopControl, run_schedule, shard
+from replayer.schedule import IdleSkip, run_schedule, shard, stop_control
 from replayer.scrape import MetricsScraper
 from replayer.selfcheck import LoopMonitor
 from replayer.session import PromptBuilder, RunContext, request_body
@@ -298,6 +299,8 @@ async def replay_trace(
         int(request_column(s.requests, "input_tokens").sum()) for s, _ in per_session
     )
     meta = _run_meta(meta, trace, config, hits / total_in if total_in else None)
+    check_duplication(trace, config)
+    meta = replace(meta, protocol=protocol_meta(trace, config))
     trace = shard(trace, worker_id, config.workers)
     trace_requests = trace.request_count()
     meta = replace(meta, worker_id=worker_id)
@@ -345,11 +348,7 @@ async def replay_trace(
                 recorder=recorder,
                 prompts=prompts,
                 counters=counters,
-                stop=StopControl(
-                    deadline_ns=None
-                    if config.duration_s is None
-                    else t0 + int(config.duration_s * 1e9)
-                ),
+                stop=stop_control(config, t0),
                 run_id=meta.run_id,
                 worker_id=worker_id,
                 t0_ns=t0,
@@ -357,6 +356,9 @@ async def replay_trace(
                 admission=asyncio.Semaphore(config.max_inflight)
                 if config.max_inflight
                 else None,
+                idle=None
+                if config.idle_skip_s is None
+                else IdleSkip(clock, int(config.idle_skip_s * 1e9)),
             )
             await clock.sleep_until(t0)  # workers share a zero slightly in the future
             scraper = (
@@ -394,6 +396,7 @@ async def replay_trace(
                         "block_cache_misses": materializer.misses,
                     },
                     client_check=monitor.check().as_dict(),
+                    **_phases(ctx, meta),
                 )
                 recorder.set_metadata(meta)
                 if scraper is not None:
@@ -417,6 +420,23 @@ async def replay_trace(
         warnings=tuple(meta.warnings),
         client_check=meta.client_check,
     )
+
+
+def _phases(ctx: RunContext, meta: RunMeta) -> dict[str, Any]:
+    """What the run's phases came to: the window's real start (a warm-up phase ends
+    when it ends), the idle skipped, an abort."""
+    stop = ctx.stop
+    if stop.measure_start_ns is None:  # stopped before the warm-up ended
+        start = ctx.rel(ctx.clock.now_ns())
+    else:
+        start = max(ctx.rel(stop.measure_start_ns), meta.measure_start_ns)
+    protocol = {
+        **(meta.protocol or {}),
+        "measure_start_ns": start,
+        "idle_skipped_s": None if ctx.idle is None else ctx.idle.skipped_ns / 1e9,
+        "aborted": stop.aborted,
+    }
+    return {"measure_start_ns": start, "protocol": protocol}
 
 
 async def _check_model(client: ChatClient, config: ReplayConfig) -> None:

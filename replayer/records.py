@@ -66,6 +66,11 @@ class RequestRecord:
     inflight_at_send: int = 0  # requests in flight (all workers' view of this one)
     lanes_at_send: int = 0  # live session trees when it was sent
     warmup: bool = False  # started inside the warm-up window
+    primer: bool = False  # a max_tokens=1 request priming a mid-session start
+    replay_index: int = 0  # which replay of its tree (the cache-bust marker's)
+    # --live-assistant: prompt tokens sent minus those the recorded replies would
+    # have taken (None: the history was the trace's).
+    live_drift_tokens: int | None = None
 
 
 RECORD_SCHEMA = pa.schema(
@@ -103,6 +108,9 @@ RECORD_SCHEMA = pa.schema(
         ("inflight_at_send", pa.int32()),
         ("lanes_at_send", pa.int32()),
         ("warmup", pa.bool_()),
+        ("primer", pa.bool_()),
+        ("replay_index", pa.int32()),
+        ("live_drift_tokens", pa.int64()),
     ]
 )
 
@@ -430,6 +438,10 @@ class RunMeta:
     steady_state: dict[str, Any] | None = None
     # The self-check (replayer.selfcheck.ClientCheck): did the client limit the run?
     client_check: dict[str, Any] | None = None
+    # The AgentX protocol's resolved settings and what the run did with them:
+    # profile, start ratio, cache warm-up, window, idle skipped, duplication factor,
+    # on-error policy, session header (None: a run without any of it).
+    protocol: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

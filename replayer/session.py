@@ -1,15 +1,17 @@
 """Playing one session tree: turns in order, think gaps, subagents spawned after their
 anchor and joined before the parent's next request, and one record per request.
 
-A failed request ends its session: the rest of it (and subagents it would have spawned)
-are recorded as ``skipped``, because continuing would replay broken history.
+By default a failed request ends its session: the rest of it (and subagents it would
+have spawned) are recorded as ``skipped``. ``on_error`` chooses otherwise: ``continue``
+(the history comes from the trace, so later turns are still well-formed) or
+``abort-run``. A lane's first tree may start mid-session (``start_ratio``): its prefix
+is primed by one ``max_tokens=1`` request, flagged and excluded from every figure.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,8 +30,8 @@ if TYPE_CHECKING:
     from replayer.config import EndpointConfig, ReplayConfig
     from replayer.progress import RunCounters
     from replayer.recorder import ParquetRecorder
-    from replayer.schedule import StopControl
-    from traces.materialize import Materializer, Prompt
+    from replayer.schedule import IdleSkip, StopControl
+    from traces.materialize import Materializer, Prompt, Reply
     from traces.model import Session
 
 
@@ -60,23 +62,24 @@ class PromptBuilder:
         max_tokens: int,
         *,
         sent_tokens: int | None = None,
+        replies: Mapping[int, Reply] | None = None,
     ) -> tuple[Prompt, bytes]:
         """Request ``i`` of ``session``: its prompt and the whole POST body.
         ``sent_tokens``: its size when the caller has it (``Materializer.sent_tokens``),
-        which decides where it is built."""
+        which decides where it is built. ``replies``: live assistant replies."""
         if sent_tokens is None:
             sent_tokens, _ = self.materializer.sent_tokens(session, session.requests[i])
-        if sent_tokens < self._inline_tokens:
-            return self._build(session, i, namespace, replay, max_tokens)
-        loop = asyncio.get_running_loop()
-        job = functools.partial(self._build, session, i, namespace, replay, max_tokens)
-        return await loop.run_in_executor(self._executor, job)
 
-    def _build(
-        self, session: Session, i: int, namespace: str, replay: int, max_tokens: int
-    ) -> tuple[Prompt, bytes]:
-        prompt = self.materializer.prompt(session, i, namespace, replay=replay)
-        return prompt, self._body(prompt.fragment, max_tokens)
+        def job() -> tuple[Prompt, bytes]:
+            prompt = self.materializer.prompt(
+                session, i, namespace, replay=replay, replies=replies
+            )
+            return prompt, self._body(prompt.fragment, max_tokens)
+
+        if sent_tokens < self._inline_tokens:
+            return job()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, job)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -101,6 +104,7 @@ class RunContext:
     # Ideal hit of each request in trace tokens: session id → one per request index.
     ideal_tokens: dict[str, npt.NDArray[np.int64]]
     admission: asyncio.Semaphore | None  # --max-inflight
+    idle: IdleSkip | None = None  # --idle-skip: whole-system idle is skipped
 
     def rel(self, abs_ns: int) -> int:
         return abs_ns - self.t0_ns
@@ -152,35 +156,89 @@ class _Place:
 
 
 async def play_tree(
-    ctx: RunContext, root: Session, *, replay: int, start_abs_ns: int
+    ctx: RunContext,
+    root: Session,
+    *,
+    replay: int,
+    start_abs_ns: int,
+    start_at: float | None = None,
 ) -> None:
-    """Play a whole session tree; returns when it and all its subagents have drained."""
+    """Play a whole session tree; returns when it and all its subagents have drained.
+    ``start_at``: start this fraction of the way into the root session (a lane's
+    first tree, mid-session start), after priming its prefix."""
     ctx.counters.lanes += 1
     try:
         async with asyncio.TaskGroup() as tg:
             await _play_session(
-                ctx, _Place(root, root, None, 0, replay), start_abs_ns, tg
+                ctx,
+                _Place(root, root, None, 0, replay),
+                start_abs_ns,
+                tg,
+                start_at=start_at,
             )
     finally:
         ctx.counters.lanes -= 1
 
 
+def start_index(session: Session, start_at: float) -> int:
+    """The first request played when ``session`` starts ``start_at`` (a fraction) of
+    the way into its recorded duration: the first at or after that instant, at least
+    1 (one request to prime with) and at most the last (one request to measure).
+    0 when the session has fewer than two requests."""
+    n = len(session.requests)
+    if n < 2:
+        return 0
+    times = [r.t_s for r in session.requests]
+    at = times[0] + start_at * (times[-1] - times[0])
+    k = next((i for i, t in enumerate(times) if t >= at), n - 1)
+    return min(max(k, 1), n - 1)
+
+
 async def _play_session(
-    ctx: RunContext, place: _Place, start_abs_ns: int, tg: asyncio.TaskGroup
+    ctx: RunContext,
+    place: _Place,
+    start_abs_ns: int,
+    tg: asyncio.TaskGroup,
+    *,
+    start_at: float | None = None,
+) -> None:
+    idle = ctx.idle
+    try:
+        await _play_turns(ctx, place, start_abs_ns, tg, start_at)
+    finally:
+        if idle is not None:
+            idle.idle()  # the spawner counted this stream busy
+
+
+async def _play_turns(
+    ctx: RunContext,
+    place: _Place,
+    start_abs_ns: int,
+    tg: asyncio.TaskGroup,
+    start_at: float | None,
 ) -> None:
     clock = ctx.clock
     stop = ctx.stop
+    idle = ctx.idle
     timestamps = ctx.config.schedule
     speedup = timestamps.speedup if isinstance(timestamps, TraceTimestamps) else None
     session = place.session
     spawned: dict[int, list[asyncio.Task[None]]] = {}
+    # --live-assistant: this replay's own replies, by request index.
+    replies: dict[int, Reply] | None = {} if ctx.config.live_assistant else None
+
+    def gap_ns(think_time_s: float, after_abs: int) -> int:
+        # The cache-pressure warm-up plays with zero think gaps.
+        return ctx.think_ns(think_time_s) if stop.measuring(after_abs) else 0
 
     def spawn(anchor: int, at_abs_ns: int) -> None:
         for k, sub in enumerate(session.subagents):
             if sub.anchor_index != anchor:
                 continue
             first = sub.session.requests[0] if sub.session.requests else None
-            delay = ctx.think_ns(first.think_time_s) if first else 0
+            delay = gap_ns(first.think_time_s, at_abs_ns) if first else 0
+            if idle is not None:
+                idle.busy()
             task = tg.create_task(
                 _play_session(ctx, place.child(sub.session), at_abs_ns + delay, tg),
                 name=f"subagent-{sub.session.session_id}-{k}",
@@ -188,34 +246,78 @@ async def _play_session(
             if sub.join_index is not None:
                 spawned.setdefault(sub.join_index, []).append(task)
 
-    spawn(-1, start_abs_ns)
+    first = 0
     prev_end_abs = start_abs_ns
+    if start_at is not None:
+        first = start_index(session, start_at)
+        primed_ok = True
+        if first > 0:
+            primer = await _request(ctx, place, first - 1, start_abs_ns, primer=True)
+            prev_end_abs = ctx.t0_ns + (primer.end_ns or ctx.rel(clock.now_ns()))
+            primed_ok = primer.status == "ok"
+        stop.primed(clock.now_ns())
+        if not primed_ok and not _go_on(ctx, place, first - 1):
+            return
+        spawn(first - 1, prev_end_abs)
+    else:
+        spawn(-1, start_abs_ns)
     origin_abs = start_abs_ns  # timestamps mode: the session's trace start
-    for i, req in enumerate(session.requests):
+    for i in range(first, len(session.requests)):
+        req = session.requests[i]
         if speedup is not None:
             due = max(prev_end_abs, origin_abs + int(req.t_s / speedup * 1e9))
         elif i == 0:
             due = start_abs_ns
         else:
-            due = prev_end_abs + ctx.think_ns(req.think_time_s)
+            due = prev_end_abs + gap_ns(req.think_time_s, prev_end_abs)
         joins = spawned.pop(i, [])
         if joins:
-            await asyncio.wait(joins)
+            if idle is not None:
+                idle.idle()
+            try:
+                await asyncio.wait(joins)
+            finally:
+                if idle is not None:
+                    idle.busy()
             for t in joins:
                 if not t.cancelled() and t.exception() is not None:
                     raise t.exception()  # type: ignore[misc]
             due = max(due, clock.now_ns())
-        if stop.past(due):
+        # An agent still thinking when the window closes keeps its lane taken until
+        # then, rather than letting it churn through first turns.
+        if idle is not None:
+            # Idle skipping may bring the gap's end forward, into the window.
+            if not await idle.sleep_until(due, cap_ns=stop.deadline_ns):
+                return
+        elif stop.past(due):
+            if not stop.stopping and stop.deadline_ns is not None:
+                await clock.sleep_until(stop.deadline_ns)
             return
-        await clock.sleep_until(due)
+        else:
+            await clock.sleep_until(due)
         if stop.past(clock.now_ns()):
             return
-        record = await _request(ctx, place, i, due)
+        record = await _request(ctx, place, i, due, replies=replies)
         prev_end_abs = ctx.t0_ns + (record.end_ns or ctx.rel(clock.now_ns()))
-        if record.status != "ok":
-            _skip_rest(ctx, place, i + 1)
+        if record.status != "ok" and not _go_on(ctx, place, i):
             return
         spawn(i, prev_end_abs)
+
+
+def _go_on(ctx: RunContext, place: _Place, failed: int) -> bool:
+    """After request ``failed`` of ``place`` failed: whether its session goes on
+    (``--on-error continue``); otherwise the rest of it is recorded as skipped, and
+    with ``abort-run`` the whole run stops."""
+    policy = ctx.config.on_error
+    if policy == "continue":
+        return True
+    if policy == "abort-run":
+        ctx.stop.abort(
+            f"request {failed} of session {place.session.session_id} failed "
+            "(--on-error abort-run)"
+        )
+    _skip_rest(ctx, place, failed + 1)
+    return False
 
 
 def _skip_rest(ctx: RunContext, place: _Place, first: int) -> None:
@@ -230,13 +332,21 @@ def _skip_rest(ctx: RunContext, place: _Place, first: int) -> None:
 
 
 def _base_record(
-    ctx: RunContext, place: _Place, i: int, scheduled_rel: int, status: Status
+    ctx: RunContext,
+    place: _Place,
+    i: int,
+    scheduled_rel: int,
+    status: Status,
+    *,
+    primer: bool = False,
 ) -> RequestRecord:
     session = place.session
     req = session.requests[i]
     materializer = ctx.prompts.materializer
     sent, dropped = materializer.sent_tokens(session, req)
-    max_tokens = max(1, req.output_tokens)
+    # Primers and the cache-pressure warm-up only fill the cache: one output token.
+    warming = primer or not ctx.stop.measuring(ctx.t0_ns + scheduled_rel)
+    max_tokens = 1 if warming and ctx.config.phased else max(1, req.output_tokens)
     hits = ctx.ideal_tokens.get(session.session_id)
     trace_ideal = int(hits[i]) if hits is not None and i < hits.size else 0
     bt = materializer.block_tokens_for(session)
@@ -257,15 +367,23 @@ def _base_record(
         # Trace blocks → materialized blocks, capped at what is sent.
         ideal_cached_tokens=min(trace_ideal // session.block_size * bt, sent),
         status=status,
-        warmup=scheduled_rel < int(ctx.config.warmup_s * 1e9),
+        warmup=warming or scheduled_rel < int(ctx.config.warmup_s * 1e9),
+        primer=primer,
+        replay_index=place.replay,
     )
 
 
 async def _request(
-    ctx: RunContext, place: _Place, i: int, due_abs: int
+    ctx: RunContext,
+    place: _Place,
+    i: int,
+    due_abs: int,
+    *,
+    primer: bool = False,
+    replies: dict[int, Reply] | None = None,
 ) -> RequestRecord:
     session = place.session
-    rec = _base_record(ctx, place, i, ctx.rel(due_abs), "ok")
+    rec = _base_record(ctx, place, i, ctx.rel(due_abs), "ok", primer=primer)
     prompt, body = await ctx.prompts.build(
         session,
         i,
@@ -273,7 +391,10 @@ async def _request(
         place.replay,
         rec.requested_output_tokens,
         sent_tokens=rec.prompt_tokens,  # _base_record's sent_tokens
+        replies=None if replies is None else dict(replies),
     )
+    if replies is not None:
+        rec.live_drift_tokens = prompt.drift_tokens
     rec.prompt_tokens = prompt.prompt_tokens
     rec.dropped_input_tokens = prompt.dropped_tokens
     rec.ideal_cached_tokens = min(rec.ideal_cached_tokens, prompt.prompt_tokens)
@@ -285,8 +406,20 @@ async def _request(
     rec.lanes_at_send = counters.lanes
     counters.inflight += 1
     outcome = Outcome()
+    # A reply is carried only from a full-length request (not a 1-token warm-up).
+    live = replies is not None and rec.requested_output_tokens == max(
+        1, session.requests[i].output_tokens
+    )
+    if live:
+        outcome.text = []
+    header = ctx.config.session_header
     try:
-        await ctx.client.send(body, outcome)
+        if header is None:
+            await ctx.client.send(body, outcome)
+        else:
+            await ctx.client.send(
+                body, outcome, headers={header: _identity(ctx, place)}
+            )
     except asyncio.CancelledError:
         # Keep what was measured: the real send time, the first token, the chunks.
         if outcome.start_ns == 0:  # cancelled before the client stamped a send
@@ -302,7 +435,17 @@ async def _request(
             admission.release()
     _fill(ctx, rec, outcome)
     ctx.recorder.put(rec)
+    if live and rec.status == "ok" and outcome.text is not None and replies is not None:
+        replies[i] = ("".join(outcome.text), rec.output_tokens or 0)
     return rec
+
+
+def _identity(ctx: RunContext, place: _Place) -> str:
+    """The session identity a KV-aware router keys on: the tree's (a subagent's is
+    its root's) unless ``session_id_scope`` says "session"; a recycled replay is a
+    conversation of its own, with content of its own."""
+    owner = place.root if ctx.config.session_id_scope == "tree" else place.session
+    return f"{owner.session_id}#{place.replay}"
 
 
 def _fill(ctx: RunContext, rec: RequestRecord, out: Outcome) -> None:

@@ -25,6 +25,7 @@ class Event:
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
     error: str | None = None  # an in-stream error object's message
+    text: str | None = None  # the generated text, when asked for (live assistant)
 
 
 DONE = Event(done=True)
@@ -41,15 +42,16 @@ def event_data(lines: list[bytes]) -> bytes | None:
     return b"\n".join(data) if data else None
 
 
-def parse_event(lines: list[bytes]) -> Event:
-    """Parse one event given its lines (without line terminators)."""
+def parse_event(lines: list[bytes], *, text: bool = False) -> Event:
+    """Parse one event given its lines (without line terminators); with ``text``,
+    its generated text too (every chunk is then decoded)."""
     data = event_data(lines)
     if data is None:
         return EMPTY
     data = data.strip()
     if data == b"[DONE]":
         return DONE
-    quick = _quick(data)
+    quick = None if text else _quick(data)
     if quick is not None:
         return quick
     try:
@@ -58,7 +60,7 @@ def parse_event(lines: list[bytes]) -> Event:
         return Event(error=f"malformed SSE data: {data[:200]!r}")
     if not isinstance(obj, dict):
         return EMPTY
-    return parse_chunk(obj)
+    return parse_chunk(obj, text=text)
 
 
 _CONTENT_KEYS = (
@@ -90,8 +92,9 @@ def _quick(data: bytes) -> Event | None:
     return EMPTY
 
 
-def parse_chunk(obj: dict[str, Any]) -> Event:
-    """Interpret one decoded chunk (chat or completions)."""
+def parse_chunk(obj: dict[str, Any], *, text: bool = False) -> Event:
+    """Interpret one decoded chunk (chat or completions); with ``text``, keep the
+    content it carries (reasoning excluded: it is not part of the reply)."""
     err = obj.get("error")
     if err is not None:
         msg = err.get("message") if isinstance(err, dict) else str(err)
@@ -100,24 +103,27 @@ def parse_chunk(obj: dict[str, Any]) -> Event:
     choices = obj.get("choices") or ()
     has_content = False
     finish = None
+    parts: list[str] = []
     for choice in choices:
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta")
         if isinstance(delta, dict):
-            if (
-                delta.get("content")
-                or delta.get("reasoning_content")
-                or delta.get("reasoning")
-            ):
+            content = delta.get("content")
+            if content or delta.get("reasoning_content") or delta.get("reasoning"):
                 has_content = True
+            if text and isinstance(content, str):
+                parts.append(content)
         elif choice.get("text"):
             has_content = True
+            if text:
+                parts.append(str(choice["text"]))
         finish = choice.get("finish_reason") or finish
     return Event(
         has_content=has_content,
         usage=usage if isinstance(usage, dict) else None,
         finish_reason=finish,
+        text="".join(parts) if parts else None,
     )
 
 
@@ -155,9 +161,10 @@ class EventFramer:
         tail = framer.finish()  # at EOF: an unterminated last event, or None
     """
 
-    __slots__ = ("_buf", "_buf_stamp", "_lines", "_stamp")
+    __slots__ = ("_buf", "_buf_stamp", "_lines", "_stamp", "_text")
 
-    def __init__(self) -> None:
+    def __init__(self, *, text: bool = False) -> None:
+        self._text = text  # decode every chunk's text (live assistant)
         self._buf = b""  # bytes after the last complete line
         self._buf_stamp = 0  # arrival of the first byte now in _buf
         self._lines: list[bytes] = []  # lines of the event being read
@@ -188,7 +195,7 @@ class EventFramer:
                     continue
                 if not lines:
                     continue
-                event = parse_event(lines)
+                event = parse_event(lines, text=self._text)
                 lines = []
                 yield stamp, event
         finally:
@@ -204,4 +211,4 @@ class EventFramer:
             *(ln.rstrip(b"\r") for ln in self._buf.split(b"\n") if ln),
         ]
         self._buf, self._lines = b"", []
-        return parse_event(tail) if tail else None
+        return parse_event(tail, text=self._text) if tail else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,7 @@ class FakeLLM:
     no_done: bool = False  # end the stream without data: [DONE]
     keep_open_after_done: float = 0.0  # seconds to hold the stream after [DONE]
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # per request
     active: int = 0
     max_active: int = 0
     requests: int = 0
@@ -59,6 +61,7 @@ def make_fake_llm_app(fake: FakeLLM) -> web.Application:
     async def complete(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         fake.bodies.append(body)
+        fake.headers.append({k.lower(): v for k, v in request.headers.items()})
         fake.requests += 1
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -203,15 +206,23 @@ class FakeChatClient:
     fail: frozenset[int] = frozenset()
     models: list[str] = field(default_factory=lambda: ["fake-model"])
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # extra, per request
     active: int = 0
     max_active: int = 0
 
     async def check(self) -> list[str] | None:
         return self.models
 
-    async def send(self, body: bytes, out: Outcome | None = None) -> Outcome:
+    async def send(
+        self,
+        body: bytes,
+        out: Outcome | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> Outcome:
         obj = json.loads(body)
         self.bodies.append(obj)
+        self.headers.append(dict(headers or {}))
         clock = self.clock
         out = out if out is not None else Outcome()
         out.start_ns = clock.now_ns()

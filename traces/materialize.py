@@ -14,7 +14,7 @@ import itertools
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -50,6 +50,9 @@ class PromptConfig:
     # A local tokenizer.json: chat text is then made of words that are single tokens
     # in that vocabulary, so message content is exact in the model's own tokens.
     tokenizer: str | None = None
+    # Each replay of a session (a recycled tree) gets content of its own, so that
+    # two replays never share cache while the turns of one replay do.
+    replay_markers: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.token_min < self.token_max:
@@ -74,6 +77,9 @@ class Prompt:
     dropped_tokens: int  # cut by max_input_tokens
     blocks: int  # hashed blocks sent (full or partial)
     block_tokens: int  # tokens per materialized block
+    # Live assistant turns: tokens sent minus those the recorded replies would have
+    # taken (0 when the history is the trace's).
+    drift_tokens: int = 0
 
 
 def _splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -88,6 +94,9 @@ def _key(*parts: str | int) -> int:
     h = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8)
     return int.from_bytes(h.digest(), "little")
 
+
+# A live assistant reply: its text and its length in the model's tokens.
+Reply = tuple[str, int]
 
 # What one cache entry costs beyond its fragment's bytes: the key tuple with its two
 # ints (the namespace string is shared) and the ordered dict's node, measured with
@@ -239,6 +248,13 @@ class Materializer:
         scale = bt / bs
         return n_full, round((partial + unhashed) * scale)
 
+    def replay_namespace(self, namespace: str, replay: int) -> str:
+        """The namespace blocks of replay ``replay`` are derived from: the per-replay
+        cache-bust marker (replay 0 keeps the plain namespace)."""
+        if replay == 0 or not self.config.replay_markers:
+            return namespace
+        return f"{namespace}#{replay}"
+
     def prompt(
         self,
         session: Session,
@@ -246,16 +262,19 @@ class Materializer:
         namespace: str,
         *,
         replay: int = 0,
+        replies: Mapping[int, Reply] | None = None,
     ) -> Prompt:
         """Materialize request ``request_index`` of ``session``.
 
         ``namespace`` is the hash-id namespace (the root session id for local scope,
         "global" otherwise); ``replay`` separates repeated replays of one session.
+        ``replies`` (chat only): the model's own replies to earlier requests, by
+        request index, sent in place of the recorded ones (live assistant).
         """
         request = session.requests[request_index]
         bt = self.block_tokens_for(session)
         bs = session.block_size
-        ns = namespace if replay == 0 else f"{namespace}#{replay}"
+        ns = self.replay_namespace(namespace, replay)
         ids = request.hash_ids.tolist()
         n_full, tail = self._shape(session, request, bt)
         hashed_partial = len(ids) > n_full  # the last hashed block is partial
@@ -264,7 +283,9 @@ class Materializer:
         keep = total if cap is None else min(total, cap)
         dropped = total - keep
         if self.config.api == "chat":
-            return self._chat(session, request_index, ns, ids, bt, keep, dropped)
+            return self._chat(
+                session, request_index, ns, ids, bt, keep, dropped, replies or {}
+            )
         whole = min(n_full, keep // bt)
         frags = self._fragments(ns, ids[:whole], bt)
         left = keep - whole * bt
@@ -300,12 +321,14 @@ class Materializer:
         bt: int,
         keep: int,
         dropped: int,
+        replies: Mapping[int, Reply],
     ) -> Prompt:
         # Messages cut at block boundaries: the system prompt, then per earlier turn
         # whose prompt is a prefix of this one, its user content and the assistant's
         # reply. Equal leading blocks → equal leading messages, byte for byte.
         n_full = min(len(ids), keep // bt)
-        cuts = [*self._chat_cuts(session, request_index, n_full), n_full]
+        cuts, turns = self._chat_cuts(session, request_index, n_full)
+        cuts.append(n_full)
         # Each message costs its role token; it is taken from the message's first
         # block (always the same block at the same place, so content stays identical
         # turn to turn) and, for a message without blocks, from the unique tail.
@@ -319,20 +342,36 @@ class Materializer:
             return frags
 
         messages: list[tuple[str, list[bytes]]] = [("system", blocks(0, cuts[0]))]
+        from_blocks = head if messages[0][1] else 0
+        recorded_msgs = 1  # the messages the recorded history has
+        drift = 0
         for i, (lo, hi) in enumerate(itertools.pairwise(cuts)):
-            if hi > lo:
+            live = replies.get(turns[i // 2]) if i % 2 and i // 2 < len(turns) else None
+            if live is not None:
+                text, live_tokens = live
+                # In place of the recorded reply's blocks (or of no message at all).
+                recorded = (hi - lo) * bt - head + role_cost if hi > lo else 0
+                drift += live_tokens + role_cost - recorded
+                if hi > lo:  # accounted as recorded, then corrected by the drift
+                    from_blocks += head
+                    recorded_msgs += 1
+                messages.append(("assistant", [orjson.dumps(text)[1:-1]]))
+            elif hi > lo:
                 role = "assistant" if i % 2 else "user"
                 messages.append((role, blocks(lo, hi)))
+                from_blocks += head
+                recorded_msgs += 1
         if messages[-1][0] != "user":
             messages.append(("user", []))
-        n_msgs = len(messages)
-        from_blocks = head * sum(1 for _, parts in messages if parts)
-        overhead = n_msgs * role_cost - from_blocks
+            recorded_msgs += 1
+        # The unique tail is what the recorded prompt has beyond its blocks and
+        # message costs: live replies do not change it.
+        overhead = recorded_msgs * role_cost - from_blocks
         tail = max(0, keep - n_full * bt - overhead)
         if tail:
             seed = _key(self.config.salt, ns, session.session_id, request_index, "tail")
             messages[-1][1].append(self._encode(self._tokens(seed, tail)))
-        sent = n_full * bt - from_blocks + tail + n_msgs * role_cost
+        sent = n_full * bt - from_blocks + tail + recorded_msgs * role_cost + drift
         body = b",".join(
             b'{"role":"' + r.encode() + b'","content":"' + self._sep.join(parts) + b'"}'
             for r, parts in messages
@@ -343,14 +382,16 @@ class Materializer:
             dropped_tokens=dropped,
             blocks=n_full,
             block_tokens=bt,
+            drift_tokens=drift,
         )
 
     def _chat_cuts(
         self, session: Session, request_index: int, n_full: int
-    ) -> list[int]:
+    ) -> tuple[list[int], list[int]]:
         """Block indices where messages start: system end, then (prompt end, reply end)
-        per earlier turn that is a prefix of this one. Pairs keep role parity stable
-        from turn to turn; clamping keeps them non-decreasing."""
+        per earlier turn that is a prefix of this one; and those turns' indices.
+        Pairs keep role parity stable from turn to turn; clamping keeps them
+        non-decreasing."""
         bs = session.block_size
         sys_blocks = ((session.system_tokens or 0) + (session.tool_tokens or 0)) // bs
         cuts = [min(n_full, sys_blocks)]
@@ -359,12 +400,13 @@ class Materializer:
         # Chained ids: equal last block ⇒ the earlier prompt is a prefix of this.
         prefix = (n > 0) & (n <= min(cur.size, n_full))
         prefix[prefix] = last[prefix] == cur[n[prefix] - 1]
+        turns = [int(t) for t in np.flatnonzero(prefix)]
         n = n[prefix]
         reply = np.minimum(n + out[prefix] // bs, n_full)
         # Running max: each cut is clamped to the one before it.
         seq = np.concatenate(([cuts[0]], np.column_stack((n, reply)).reshape(-1)))
         cuts = [int(c) for c in np.maximum.accumulate(seq).tolist()]
-        return cuts
+        return cuts, turns
 
 
 def _earlier_prompts(

@@ -30,7 +30,16 @@ def _register_subcommands() -> None:
     from replayer.sim.cli import sim
 
     for command in (
-        trace, sim, run, sweep, capacity, demo, generate, analyze, compare, report
+        trace,
+        sim,
+        run,
+        sweep,
+        capacity,
+        demo,
+        generate,
+        analyze,
+        compare,
+        report,
     ):
         main.add_command(command)
 

@@ -185,7 +185,19 @@ def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
     "--resamples", type=click.IntRange(min=100), default=1000, show_default=True
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-def compare(run_a: Path, run_b: Path, as_json: bool, resamples: int, seed: int) -> None:
+@click.option(
+    "--mixed-profiles",
+    is_flag=True,
+    help="Compare an AgentX-profile run with a run without the profile anyway.",
+)
+def compare(
+    run_a: Path,
+    run_b: Path,
+    as_json: bool,
+    resamples: int,
+    seed: int,
+    mixed_profiles: bool,
+) -> None:
     """B against A: deltas of headline figures with 95% bootstrap CIs and a verdict
     (better / worse / no clear difference) for B."""
     from analysis.compare import compare_runs
@@ -195,6 +207,19 @@ def compare(run_a: Path, run_b: Path, as_json: bool, resamples: int, seed: int) 
 
     with errors_as_messages():
         a, b = load_run(run_a), load_run(run_b)
+        profiles = [(r.meta.protocol or {}).get("profile") for r in (a, b)]
+        if profiles[0] != profiles[1]:
+            click.echo(
+                f"warning: A ({run_a}) ran with profile {profiles[0] or 'none'}, B "
+                f"({run_b}) with {profiles[1] or 'none'}: their figures come from "
+                "different protocols and look alike without being comparable",
+                err=True,
+            )
+            if not mixed_profiles:
+                raise CommandError(
+                    "refusing to compare runs of different profiles; pass "
+                    "--mixed-profiles to compare them anyway"
+                )
         rows = compare_runs(a.requests, b.requests, resamples=resamples, seed=seed)
     if as_json:
         echo_json(

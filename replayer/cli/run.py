@@ -250,10 +250,153 @@ def _replay_options(f: F) -> F:
             "(default: only a run with no ok request fails).",
         ),
         click.option("--quiet", is_flag=True, help="No progress line."),
+        *_protocol_options(),
     ]
     for option in reversed(options):
         f = option(f)
     return f
+
+
+def _protocol_options() -> list[Callable[[F], F]]:
+    """The AgentX protocol's parts, each a flag of its own; ``--profile agentx``
+    only changes their defaults (an explicit flag wins)."""
+    return [
+        click.option(
+            "--profile",
+            type=click.Choice(["agentx"]),
+            help="Apply a protocol's defaults: agentx = mid-session starts "
+            "0.25-0.75, --cache-warmup 300, --duration 3600 (the measured "
+            "window), --idle-skip 10, --loop, --on-error continue, "
+            "--max-error-rate 0.10, --api chat.",
+        ),
+        click.option(
+            "--start-ratio",
+            metavar="MIN-MAX|off",
+            callback=_ratio_option,
+            help="Each lane's first tree starts at a seeded point this far into its "
+            "session (e.g. 0.25-0.75); its prefix is primed with one max_tokens=1 "
+            "request, flagged and excluded.",
+        ),
+        click.option(
+            "--cache-warmup",
+            "cache_warmup_s",
+            type=click.FloatRange(min=0),
+            default=0.0,
+            show_default=True,
+            help="Seconds of cache-pressure warm-up (zero think gaps, max_tokens=1, "
+            "rows flagged) after the primers; --duration then counts from its end.",
+        ),
+        click.option(
+            "--idle-skip",
+            "idle_skip_s",
+            type=click.FloatRange(min=0),
+            help="Whole-system idle (no request in flight) beyond S seconds is "
+            "skipped, not waited out.",
+        ),
+        click.option(
+            "--on-error",
+            type=click.Choice(["skip-session", "continue", "abort-run"]),
+            default="skip-session",
+            show_default=True,
+            help="A failed request: skip the rest of its session, continue it, or "
+            "stop the run (exit status 1).",
+        ),
+        click.option(
+            "--replay-markers/--no-replay-markers",
+            default=True,
+            show_default=True,
+            help="A cache-bust marker per replay of a tree: recycled trees never "
+            "share cache with their earlier replays.",
+        ),
+        click.option(
+            "--session-header",
+            metavar="NAME",
+            help="Stamp each request with its session tree's identity in this "
+            "header (for KV-aware routers).",
+        ),
+        click.option(
+            "--session-routing",
+            type=click.Choice(["dynamo", "sglang", "header"]),
+            help="--session-header preset: dynamo x-dynamo-session-id, sglang "
+            "x-smg-routing-key, header x-session-id.",
+        ),
+        click.option(
+            "--session-id-scope",
+            type=click.Choice(["tree", "session"]),
+            default="tree",
+            show_default=True,
+            help="A subagent's session identity: its root's (tree) or its own.",
+        ),
+        click.option(
+            "--live-assistant",
+            is_flag=True,
+            help="Carry the model's real replies into the history (needs --api "
+            "chat): prompts drift from the trace, reported per request and run.",
+        ),
+        click.option("--hardware", help="Label: accelerator (e.g. H100-SXM)."),
+        click.option("--precision", help="Label: weights/KV precision (fp8 ...)."),
+        click.option(
+            "--pp", type=click.IntRange(min=1), help="Label: pipeline parallel size."
+        ),
+        click.option("--disagg", help="Label: disaggregation (e.g. 1P2D, none)."),
+        click.option("--kv-offload", help="Label: KV offload (e.g. lmcache, none)."),
+        click.option("--spec-decode", help="Label: speculative decoding (none ...)."),
+        click.option("--router", help="Label: router (dynamo-kv, sglang ...)."),
+    ]
+
+
+def _ratio_option(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> tuple[float, float] | None:
+    if value is None or value == "off":
+        return None
+    try:
+        lo, hi = (float(x) for x in value.split("-", 1))
+    except ValueError:
+        raise click.BadParameter(f"expected MIN-MAX or off, got {value!r}") from None
+    if not 0 <= lo <= hi <= 1:
+        raise click.BadParameter(f"expected 0 <= MIN <= MAX <= 1, got {value!r}")
+    return lo, hi
+
+
+# Option name → the ReplayConfig/profile key it takes its --profile default from.
+_PROFILE_OPTIONS = {
+    "start_ratio": "start_ratio",
+    "cache_warmup_s": "cache_warmup_s",
+    "duration_s": "duration_s",
+    "idle_skip_s": "idle_skip_s",
+    "loop": "loop",
+    "on_error": "on_error",
+    "think_scale": "think_scale",
+    "max_error_rate": "max_error_rate",
+    "api": "api",
+    "replay_markers": "replay_markers",
+}
+
+
+def apply_profile(opts: dict[str, Any]) -> dict[str, Any]:
+    """``opts`` with ``--profile``'s defaults in place of every option the user
+    left at its default (an explicit flag, or its environment variable, wins)."""
+    if opts.get("profile") != "agentx":
+        return opts
+    from replayer.config import AGENTX_DEFAULTS
+
+    if opts.get("session_rate") is not None or opts.get("timestamps"):
+        raise click.UsageError(
+            "--profile agentx keeps N session trees live: use --concurrency, not "
+            "--session-rate or --timestamps"
+        )
+
+    ctx = click.get_current_context()
+    explicit = (
+        click.core.ParameterSource.COMMANDLINE,
+        click.core.ParameterSource.ENVIRONMENT,
+    )
+    out = dict(opts)
+    for name, key in _PROFILE_OPTIONS.items():
+        if ctx.get_parameter_source(name) not in explicit:
+            out[name] = AGENTX_DEFAULTS[key]
+    return out
 
 
 def _parse_range(text: str) -> tuple[int, int]:
@@ -274,6 +417,12 @@ def _labels(opts: dict[str, Any]) -> dict[str, Any]:
         "ep": opts["ep"],
         "gpus": opts["gpus"],
     }
+    for name in ("hardware", "precision", "pp", "disagg", "kv_offload"):
+        if opts.get(name) is not None:
+            labels[name] = opts[name]
+    for name in ("spec_decode", "router"):
+        if opts.get(name) is not None:
+            labels[name] = opts[name]
     for item in opts["labels"]:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -293,6 +442,7 @@ def build_config(
 ) -> ReplayConfig:
     """A ReplayConfig from parsed `run`/`sweep` options."""
     from replayer.config import (
+        ROUTING_HEADERS,
         EndpointConfig,
         Lanes,
         RateArrivals,
@@ -347,6 +497,7 @@ def build_config(
             block_tokens=opts["block_tokens"],
             max_input_tokens=opts["max_input_tokens"],
             tokenizer=opts["tokenizer"],
+            replay_markers=opts["replay_markers"],
         ),
         schedule=schedule,
         think_scale=opts["think_scale"],
@@ -362,7 +513,26 @@ def build_config(
         sim_args=tuple(shlex.split(opts["sim_args"])),
         ray_address=opts["ray_address"] or None,
         ray_workers=opts["ray_workers"],
+        profile=opts["profile"],
+        start_ratio=opts["start_ratio"],
+        cache_warmup_s=opts["cache_warmup_s"],
+        idle_skip_s=opts["idle_skip_s"],
+        on_error=opts["on_error"],
+        session_header=_session_header(opts, ROUTING_HEADERS),
+        session_id_scope=opts["session_id_scope"],
+        max_error_rate=opts["max_error_rate"],
+        live_assistant=opts["live_assistant"],
     )
+
+
+def _session_header(opts: dict[str, Any], presets: dict[str, str]) -> str | None:
+    if opts["session_header"] and opts["session_routing"]:
+        raise click.UsageError(
+            "--session-routing names the header: give it or --session-header"
+        )
+    if opts["session_routing"]:
+        return presets[opts["session_routing"]]
+    return str(opts["session_header"]) if opts["session_header"] else None
 
 
 def _check_ray(opts: dict[str, Any]) -> None:
@@ -432,6 +602,9 @@ def _gate(summaries: list[RunSummary], max_error_rate: float | None) -> None:
                 err=True,
             )
     for s in summaries:
+        aborted = _aborted(s.run_dir)
+        if aborted:
+            raise GateFailed(f"{s.run_dir}: run stopped: {aborted}")
         rate = s.counts.error_rate
         if s.counts.ok == 0:
             raise GateFailed(f"{s.run_dir}: no request succeeded ({s.one_line()})")
@@ -441,6 +614,20 @@ def _gate(summaries: list[RunSummary], max_error_rate: float | None) -> None:
                 f"{max_error_rate:.1%} ({s.counts.failed:,} of "
                 f"{s.counts.ok + s.counts.failed:,} requests failed)"
             )
+
+
+def _aborted(run_dir: Path) -> str | None:
+    """Why ``--on-error abort-run`` stopped the run (None: it did not)."""
+    import json
+
+    from replayer.records import RunMeta
+
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        return None
+    protocol = RunMeta.from_dict(json.loads(path.read_text())).protocol or {}
+    aborted = protocol.get("aborted")
+    return str(aborted) if aborted else None
 
 
 @click.command()
@@ -470,6 +657,7 @@ def run(
     with errors_as_messages():
         _check_ray(opts)
         _reject_idle_flags(opts)
+        opts = apply_profile(opts)
         config = build_config(
             opts,
             endpoint=opts["endpoint"],
@@ -525,6 +713,7 @@ def sweep(trace_path: Path, levels: str, out: Path, **opts: Any) -> None:
     with errors_as_messages():
         _check_ray(opts)
         _reject_idle_flags(opts)
+        opts = apply_profile(opts)
         config = build_config(
             opts, endpoint=opts["endpoint"], model=opts["model"], concurrency=None
         )

@@ -7,9 +7,13 @@ Started by `bash .ci/engines.sh -- pytest -m e2e tests/e2e`; skipped without it.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from tests.e2e.conftest import Engine
@@ -159,3 +163,44 @@ def test_vllm_no_extras_lets_the_model_stop(
     assert len(rows) == 12
     assert (rows["output_tokens"] <= rows["requested_output_tokens"]).all()
     assert (rows["output_tokens"] >= 1).all()
+
+
+def test_vllm_agentx_profile_server_hit_matches_theoretical(
+    vllm: Engine, subset: Path, tmp_path: Path
+) -> None:
+    # --profile agentx, shortened: mid-session starts with primers, a 10 s
+    # cache-pressure warm-up, then a 60 s window with recycled trees (fresh markers).
+    # vLLM's 1 GiB KV cache (~500K tokens of this model) holds the working set, so
+    # over the window it hits what the trace allows at its block size.
+    out = tmp_path / "run"
+    replay(
+        vllm.url, vllm.model, subset, out, "--profile", "agentx",
+        "--api", "completions", *SHRINK, "--cache-warmup", "10", "--duration", "60",
+        "--engine", "vllm",
+    )  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "replayer", "analyze", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    summary = json.loads(done.stdout)
+    rows = pd.read_parquet(out / "requests")
+    assert (rows["status"] == "ok").all()
+    assert rows["primer"].sum() == 4  # one per lane
+    assert (rows.loc[rows["warmup"], "requested_output_tokens"] == 1).all()
+    assert rows["replay_index"].max() >= 1  # trees recycled within the window
+    hit = summary["agentx"]["prefix_hit"]
+    report(
+        "vllm-agentx",
+        requests=len(rows),
+        measured=int(summary["measured_ok"]),
+        window_s=summary["window"]["length_s"],
+        invalid_reasons=summary["invalid_reasons"],
+        hit_server=round(hit["server"], 4),
+        hit_theoretical=round(hit["theoretical"], 4),
+        hit_theoretical_vllm_blocks=round(hit["theoretical_server_blocks"], 4),
+    )
+    assert summary["invalid_reasons"] == ["window_too_short"]  # 60 s < 900 s
+    assert abs(hit["server"] - hit["theoretical_server_blocks"]) <= 0.02

@@ -1,0 +1,165 @@
+"""The AgentX validity verdict of one run and its measured window: whether the run
+followed the protocol and passed its gates, and if not, why (short tags, as AIPerf's
+``submission_invalid_reasons``).
+
+Pure: the run's rows and ``run.json`` come in, a dict goes out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from analysis import metrics as m
+from replayer.records import FAILED_STATUSES, RunMeta
+
+MAX_CONTEXT_OVERFLOW = 0.01  # share of sent requests rejected for their length
+MIN_WINDOW_S = 900.0  # the measured window's length
+# The last TTFT or ITL observation must fall this far into the window (liveness).
+# AgentX's harness checked 98% up to v1.0.4 and 95% from v1.0.5 on ("sparse
+# low-concurrency profile tails"); we follow its current value.
+MIN_METRIC_COVERAGE = 0.95
+MAX_ERROR_RATE = 0.10  # failed / (ok + failed) over the window
+
+# How vLLM, SGLang and OpenAI word a prompt longer than the model's context.
+_OVERFLOW = re.compile(
+    r"context length|context window|maximum context|too long|exceeds? the max|"
+    r"max_model_len|prompt is too long|input length",
+    re.I,
+)
+
+
+def context_overflows(df: pd.DataFrame) -> npt.NDArray[np.bool_]:
+    """Rows the server rejected because the prompt did not fit its context:
+    an HTTP 400/413/422 whose message says so."""
+    status = df["http_status"].to_numpy(dtype=float, na_value=np.nan)
+    message = df["error_message"].astype("string").fillna("")
+    said = message.str.contains(_OVERFLOW).to_numpy(dtype=bool)
+    return np.isin(status, (400, 413, 422)) & said & m.has_status(df, "http_error")
+
+
+def block_ideal_hit_rate(df: pd.DataFrame, block_tokens: int | None) -> float:
+    """The theoretical hit at the server's KV block size: a prefix cache holds whole
+    blocks and always computes a prompt's last token.
+
+    Formula: Σ floor(min(ideal_cached_tokens, P - 1) / B) * B / Σ P, with P the
+    server's prompt tokens (else the sent ones) and B ``block_tokens``. Population:
+    ok, measured rows. NaN without a block size.
+    """
+    if not block_tokens:
+        return math.nan
+    keep = m.measured_ok(df)
+    prompt = m.server_prompt(df)[keep]
+    ideal = np.minimum(m.column(df, "ideal_cached_tokens")[keep], prompt - 1)
+    hits = np.floor(np.maximum(ideal, 0) / block_tokens) * block_tokens
+    return m.hit_rate(hits, prompt)
+
+
+def live_drift(df: pd.DataFrame) -> dict[str, float] | None:
+    """How far --live-assistant prompts drifted from the trace's, over the window.
+
+    Formula: per request, live_drift_tokens = tokens sent - tokens the recorded
+    replies would have taken; ``share`` = Σ drift / Σ (prompt_tokens - drift).
+    Population: ok, measured rows with a drift. None for a run without live replies.
+    """
+    if "live_drift_tokens" not in df.columns:
+        return None
+    drift = m.column(df, "live_drift_tokens")
+    keep = m.measured_ok(df) & ~np.isnan(drift)
+    if not keep.any():
+        return None
+    d = drift[keep]
+    recorded = m.column(df, "prompt_tokens")[keep] - d
+    return {
+        "requests": int(keep.sum()),
+        "mean_tokens": float(d.mean()),
+        "p90_abs_tokens": m.percentile(np.abs(d), 90),
+        "share": float(d.sum() / recorded.sum()) if recorded.sum() else math.nan,
+    }
+
+
+def window(df: pd.DataFrame, meta: RunMeta) -> dict[str, float]:
+    """The measured window, s from the run's start: it opens at ``run.json``
+    ``measure_start_ns`` and closes at ``--duration`` after that (or, without one,
+    at the last measured end). ``coverage`` = (last TTFT or ITL observation in it
+    - its start) / its length."""
+    start = meta.measure_start_ns / 1e9
+    if meta.protocol is not None:
+        length = meta.protocol.get("window_s")
+    elif meta.duration_limit_s is not None:  # older runs: from the run's start
+        length = meta.duration_limit_s - start
+    else:
+        length = None
+    measured = ~m.is_warmup(df) & m.has_status(df, "ok", *FAILED_STATUSES)
+    ends = m.column(df, "end_ns")[measured]
+    ends = ends[~np.isnan(ends)]
+    last_end = float(ends.max()) / 1e9 if ends.size else math.nan
+    if length is None:
+        length = last_end - start if math.isfinite(last_end) else math.nan
+    observed = _last_observation_s(df[measured])
+    coverage = (observed - start) / length if length and length > 0 else math.nan
+    return {
+        "start_s": start,
+        "end_s": start + length,
+        "length_s": float(length),
+        "coverage": min(coverage, 1.0) if math.isfinite(coverage) else math.nan,
+    }
+
+
+def _last_observation_s(df: pd.DataFrame) -> float:
+    """The latest TTFT or ITL observation, s from the run's start: a first token,
+    or the end of an ok stream of two tokens or more (its last chunk)."""
+    first = m.column(df, "first_token_ns")
+    streamed = m.has_status(df, "ok") & (m.column(df, "output_tokens") >= 2)
+    last = np.where(streamed, m.column(df, "end_ns"), first)
+    return float(np.nanmax(last)) / 1e9 if np.isfinite(last).any() else math.nan
+
+
+def verdict(df: pd.DataFrame, meta: RunMeta) -> dict[str, Any]:
+    """``valid``, ``invalid_reasons`` (tags) and the figures each gate judged.
+
+    Gates: the AgentX profile was used; the run finished (not interrupted, not
+    aborted); context overflows <= 1% of sent requests (all phases); the window is
+    >= 900 s; its last TTFT/ITL observation is >= 95% into it; its error rate is
+    <= 10%.
+    """
+    win = window(df, meta)
+    sent = m.has_status(df, "ok", *FAILED_STATUSES)
+    overflow = float(context_overflows(df).sum() / sent.sum()) if sent.any() else 0.0
+    measured = ~m.is_warmup(df)
+    ok = int((m.has_status(df, "ok") & measured).sum())
+    failed = int((m.has_status(df, *FAILED_STATUSES) & measured).sum())
+    error_rate = failed / (ok + failed) if ok + failed else math.nan
+    protocol = meta.protocol or {}
+    reasons = []
+    if protocol.get("profile") != "agentx":
+        reasons.append("not_agentx_profile")
+    if not meta.complete or meta.interrupted:
+        reasons.append("run_cancelled")
+    if protocol.get("aborted"):
+        reasons.append("run_aborted")
+    if overflow > MAX_CONTEXT_OVERFLOW:
+        reasons.append("context_overflow_rate_exceeded")
+    if not win["length_s"] >= MIN_WINDOW_S:
+        reasons.append("window_too_short")
+    if not win["coverage"] >= MIN_METRIC_COVERAGE:
+        reasons.append("insufficient_metric_coverage")
+    if not error_rate <= MAX_ERROR_RATE:
+        reasons.append("error_rate_exceeded")
+    return {
+        "valid": not reasons,
+        "invalid_reasons": reasons,
+        "window": win,
+        "live_drift": live_drift(df),
+        "gates": {
+            "context_overflow_rate": overflow,
+            "window_s": win["length_s"],
+            "metric_coverage": win["coverage"],
+            "error_rate": error_rate,
+        },
+    }
