@@ -40,6 +40,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.instant_server import next_request  # noqa: E402
+
 PY = sys.executable
 _MAX_TOKENS = re.compile(rb'"max_tokens":\s*(\d+)')
 _DURATION = 10.0  # seconds measured with every stream of a level open
@@ -96,19 +98,10 @@ class _Slow(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        end = self.buf.find(b"\r\n\r\n")
-        if end < 0:
+        request = next_request(self.buf)
+        if request is None:
             return
-        head = self.buf[:end].lower()
-        length = 0
-        at = head.find(b"content-length:")
-        if at >= 0:
-            stop = head.find(b"\r\n", at)
-            length = int(head[at + 15 : stop if stop >= 0 else None])
-        if len(self.buf) < end + 4 + length:
-            return
-        body = self.buf[end + 4 : end + 4 + length]
-        self.buf = self.buf[end + 4 + length :]
+        head, body, self.buf = request
         if head.startswith(b"get /stats"):
             stats = {"live": _Slow.live, "connections": _Slow.connections}
             self._reply(b"application/json", json.dumps(stats).encode())
