@@ -109,7 +109,8 @@ def _run_starved(
     trace: Path, url: str, out: Path, *args: str
 ) -> subprocess.CompletedProcess[str]:
     """The run on one core that, once the run has started (its run.json written,
-    start-up done at full speed), it shares with _HOGS busy loops for its 6 s."""
+    start-up done at full speed), it shares with _HOGS busy loops for 6 s (the run
+    lasts 5)."""
     core = min(os.sched_getaffinity(0))
     pin = functools.partial(os.sched_setaffinity, 0, {core})
     proc = subprocess.Popen(
