@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -333,6 +334,10 @@ async def replay_trace(
                 )
             )
             write_run_json(run_dir / run_json_name, meta)
+            # The trace and everything loaded so far live to the end: out of the
+            # cyclic collector's reach, a full collection no longer walks them all
+            # (40 ms pauses of the loop with 30K requests in memory).
+            gc.freeze()
             ready = clock.now_ns()
             t0 = await start_gate() if start_gate is not None else ready
             meta = replace(
@@ -408,6 +413,7 @@ async def replay_trace(
                     recorder.set_metadata(meta)
                 write_run_json(run_dir / run_json_name, meta)
     finally:
+        gc.unfreeze()
         prompts.close()
     assert meta.counts is not None
     assert meta.duration_s is not None

@@ -37,6 +37,23 @@ def _stream(tokens: int) -> bytes:
     return _response("200 OK", b"text/event-stream", body)
 
 
+def next_request(buf: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """The first whole HTTP/1.1 request in ``buf``: (lower-cased head, body, the rest
+    of ``buf``); None until it has all arrived."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = buf[:end].lower()
+    length = 0
+    at = head.find(b"content-length:")
+    if at >= 0:
+        stop = head.find(b"\r\n", at)
+        length = int(head[at + 15 : stop if stop >= 0 else None])
+    if len(buf) < end + 4 + length:
+        return None
+    return head, buf[end + 4 : end + 4 + length], buf[end + 4 + length :]
+
+
 class _Http(asyncio.Protocol):
     def __init__(self) -> None:
         self.buf = b""
@@ -48,20 +65,8 @@ class _Http(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        while True:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = self.buf[:end].lower()
-            length = 0
-            at = head.find(b"content-length:")
-            if at >= 0:
-                stop = head.find(b"\r\n", at)
-                length = int(head[at + 15 : stop if stop >= 0 else None])
-            if len(self.buf) < end + 4 + length:
-                return
-            body = self.buf[end + 4 : end + 4 + length]
-            self.buf = self.buf[end + 4 + length :]
+        while (request := next_request(self.buf)) is not None:
+            head, body, self.buf = request
             assert self.transport is not None
             if head.startswith(b"get /v1/models"):
                 reply = _response("200 OK", b"application/json", _MODELS)

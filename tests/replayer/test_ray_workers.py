@@ -1,19 +1,29 @@
-"""`replayer run --ray` on a real two-node Ray cluster on this machine (`ray start
---head` and a second `ray start --address`, one CPU and a 100 MB object store each,
-no dashboard): the same rows as one process, from both nodes; an actor killed
-mid-run ends the run with one line and the other actor's rows stay readable."""
+"""`replayer run --ray` on a real two-node Ray cluster on this machine (two nodes of
+`ray.cluster_utils.Cluster`, one CPU and a 100 MB object store each, no dashboard,
+every listener on loopback): the same rows as one process, from both nodes; an actor
+killed mid-run ends the run with one line and the other actor's rows stay readable.
+
+Loopback only: Ray 2.60 listens on loopback only when a node's IP is exactly
+127.0.0.1 (else its GCS and raylets listen on every interface). `ray start
+--node-ip-address 127.0.0.1` swaps that for the machine's routable address unless
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which in turn stops `ray start --address` from
+adding a node; so the nodes are `Cluster` nodes given 127.0.0.1, and the driver
+(`replayer run`, which inherits the variable) finds its node there. Both tests check
+that every listening socket of the cluster's processes (actors included, mid-run)
+is on loopback."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -24,34 +34,104 @@ from traces.io import write_trace
 pytest.importorskip("ray", reason="the Ray tests need the [ray] extra (or [test])")
 
 REPLAYER = [sys.executable, "-m", "replayer"]
-RAY = str(Path(sys.executable).with_name("ray"))
-SMALL_NODE = ["--num-cpus", "1", "--object-store-memory", "100000000"]
-SMALL_NODE += ["--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ray(*args: str) -> None:
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    subprocess.run([RAY, *args], check=True, capture_output=True, timeout=120, env=env)
+SMALL_NODE = {
+    "num_cpus": 1,
+    "object_store_memory": 100_000_000,
+    "node_ip_address": "127.0.0.1",
+}
+LOOPBACK_ONLY = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[str]:
-    """Two Ray nodes on this machine; their address. Stopped after the module."""
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    try:
-        _ray("start", "--head", "--port", str(port), "--include-dashboard=false",
-             *SMALL_NODE)  # fmt: skip
-        _ray("start", "--address", address, *SMALL_NODE)
-        yield address
-    finally:
-        _ray("stop")
+def ray_nodes() -> Iterator[Any]:
+    """Two Ray nodes on this machine, on loopback (a ``Cluster``). Stopped after the
+    module."""
+    from ray.cluster_utils import Cluster
+
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in LOOPBACK_ONLY.items():
+            env.setenv(name, value)
+        cluster: Any = Cluster(
+            initialize_head=True,
+            head_node_args={**SMALL_NODE, "include_dashboard": False},
+        )
+        try:
+            cluster.add_node(**SMALL_NODE)
+            yield cluster
+        finally:
+            cluster.shutdown()
+
+
+@pytest.fixture
+def ray_cluster(ray_nodes: Any) -> str:
+    """The two nodes' address."""
+    return str(ray_nodes.address)
+
+
+def _ray_pids(cluster: Any) -> list[int]:
+    """This cluster's processes: each node's own (GCS, raylet, agents) and all their
+    descendants (workers, actors); not another cluster's on the same machine."""
+    ours = {
+        info.process.pid
+        for node in cluster.list_all_nodes()
+        for infos in node.all_processes.values()
+        for info in infos
+    }
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    found = set(ours)
+    for pid in parent:
+        seen, p = set(), pid
+        while p in parent and p not in seen and p not in found:
+            seen.add(p)
+            p = parent[p]
+        if p in found:
+            found |= seen
+    return sorted(found)
+
+
+def _hex_address(field: str) -> str:
+    """A /proc/net/tcp{,6} local address as text: 127.0.0.1, ::ffff:7f00:1 or ::1."""
+    raw = bytes.fromhex(field.split(":")[0])
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(words))
+
+
+def _listening(pids: list[int]) -> dict[str, set[int]]:
+    """The TCP addresses these processes listen on, each with its ports."""
+    sockets: dict[str, str] = {}  # inode -> address
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A":  # LISTEN
+                sockets[cols[9]] = cols[1]
+    out: dict[str, set[int]] = {}
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                target = str(fd.readlink())
+            except OSError:
+                continue
+            local = sockets.get(target[8:-1]) if target.startswith("socket:[") else None
+            if local is not None:
+                port = int(local.split(":")[1], 16)
+                out.setdefault(_hex_address(local), set()).add(port)
+    return out
+
+
+def _loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
 
 
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -71,7 +151,7 @@ def _trace(path: Path, sessions: int, turns: int, out: int) -> Path:
 
 
 def test_ray_two_nodes_give_the_rows_of_one_process(
-    ray_cluster: str, tmp_path: Path
+    ray_nodes: Any, ray_cluster: str, tmp_path: Path
 ) -> None:
     trace = _trace(tmp_path / "t.jsonl", sessions=8, turns=6, out=8)
     common = ["--concurrency", "4", "--quiet", "--sim-args", "--speed 50"]
@@ -105,21 +185,29 @@ def test_ray_two_nodes_give_the_rows_of_one_process(
         for k in range(2)
     ] == [2, 2]  # the global concurrency, split exactly
     assert "limited" in meta["client_check"]
+    # Nothing of Ray's listens beyond loopback: GCS, raylets, agents, workers.
+    listening = _listening(_ray_pids(ray_nodes))
+    assert listening
+    assert {a for a in listening if not _loopback(a)} == set(), listening
 
 
-def _actor_pids() -> list[int]:
+def _actor_pids(cluster: Any) -> list[int]:
     pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for pid in _ray_pids(cluster):
         try:
-            if cmdline.read_bytes().startswith(b"ray::ReplayActor"):
-                pids.append(int(cmdline.parent.name))
+            if (
+                Path(f"/proc/{pid}/cmdline")
+                .read_bytes()
+                .startswith(b"ray::ReplayActor")
+            ):
+                pids.append(pid)
         except OSError:
             continue
-    return sorted(pids)
+    return pids
 
 
 def test_ray_killed_actor_ends_the_run_with_one_line_and_keeps_rows(
-    ray_cluster: str, tmp_path: Path
+    ray_nodes: Any, ray_cluster: str, tmp_path: Path
 ) -> None:
     trace = _trace(tmp_path / "t.jsonl", sessions=4, turns=40, out=50)
     run_dir = tmp_path / "run"
@@ -138,8 +226,11 @@ def test_ray_killed_actor_ends_the_run_with_one_line_and_keeps_rows(
                 break
             time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()
-        pids = _actor_pids()
+        pids = _actor_pids(ray_nodes)
         assert len(pids) == 2
+        # The actors mid-run listen on loopback too (their core workers' gRPC).
+        listening = _listening(_ray_pids(ray_nodes))
+        assert {a for a in listening if not _loopback(a)} == set(), listening
         os.kill(pids[1], signal.SIGKILL)
         _out, err = proc.communicate(timeout=120)
     finally:
