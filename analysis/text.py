@@ -180,7 +180,12 @@ def format_summaries(summaries: Sequence[dict[str, Any]]) -> str:
         if not s["run"].get("complete", True)
     ]
     notes += client_notes(summaries)
-    notes += [_verdict_line(s) for s in summaries if "valid" in s]
+    # The verdict line is for runs of the AgentX profile; `--json` has it for all.
+    notes += [
+        _verdict_line(s)
+        for s in summaries
+        if "valid" in s and "not_agentx_profile" not in s.get("invalid_reasons", [])
+    ]
     return "\n".join([_grid(header, body), *notes])
 
 
