@@ -89,9 +89,13 @@ def synthetic_table(n: int, seed: int = 0) -> pa.Table:
         "error_type": pa.nulls(n, pa.string()).dictionary_encode(),
         "error_message": pa.nulls(n, pa.string()),
         "retries": pa.array(np.zeros(n, np.int32)),
+        "pool_wait_ns": pa.array(rng.integers(0, MS // 10, n)),
         "inflight_at_send": pa.array(np.zeros(n, np.int32)),
         "lanes_at_send": pa.array(np.zeros(n, np.int32)),
         "warmup": pa.array(np.arange(n) < n // 20),
+        "primer": pa.array(np.zeros(n, bool)),
+        "replay_index": pa.array(np.zeros(n, np.int32)),
+        "live_drift_tokens": null_i64,
     }  # fmt: skip
     assert list(cols) == RECORD_SCHEMA.names
     return pa.table(cols)
