@@ -45,7 +45,8 @@ from replayer.clock import MonotonicClock
 from replayer.config import Lanes, RateArrivals, ReplayConfig
 from replayer.errors import ConfigError
 from replayer.launch import replay, run_async, running_endpoint
-from replayer.rundir import new_run_id, write_json_atomic
+from replayer.rundir import write_json_atomic
+from replayer.sweep import with_fresh_salt
 
 DEFAULT_CELL_S = 60.0
 Status = Literal["found", "ceiling", "budget", "interrupted", "running"]
@@ -139,13 +140,8 @@ def _cell_config(
         schedule = replace(base, session_rate=level)
     else:
         schedule = Lanes(concurrency=int(level))
-    salt = config.prompt.salt and new_run_id()  # "" (no cache-bust) stays ""
-    return replace(
-        config,
-        schedule=schedule,
-        prompt=replace(config.prompt, salt=salt),
-        duration_s=duration_s,
-        loop=True,
+    return with_fresh_salt(
+        replace(config, schedule=schedule, duration_s=duration_s, loop=True)
     )
 
 

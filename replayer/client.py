@@ -101,6 +101,10 @@ class Client:
         }
         if endpoint.api_key:
             self._headers["Authorization"] = f"Bearer {endpoint.api_key}"
+        # What the side requests (model list, cache reset) send: the key, if any.
+        self._auth = {k: v for k, v in self._headers.items() if k == "Authorization"}
+        # Their time limit: a connection, then a short answer.
+        self._side_timeout_s = endpoint.connect_timeout_s + 20
 
     async def __aenter__(self) -> Client:
         # The connector limit must cover every request in flight: aiohttp's default
@@ -170,10 +174,9 @@ class Client:
         route (404). Raises EndpointError when the server is unreachable or refuses."""
         url = self.endpoint.models_url()
         shown = public_url(url)  # credentials in the URL never reach a message
-        headers = {k: v for k, v in self._headers.items() if k == "Authorization"}
         try:
-            async with asyncio.timeout(self.endpoint.connect_timeout_s + 20):
-                async with self.session.get(url, headers=headers) as resp:
+            async with asyncio.timeout(self._side_timeout_s):
+                async with self.session.get(url, headers=self._auth) as resp:
                     if resp.status == 404:
                         return None
                     if resp.status != 200:
@@ -197,11 +200,10 @@ class Client:
         """POST the server's prefix-cache reset (vLLM's, then SGLang's route); the
         URL that answered 2xx (credentials removed), or None when neither did or the
         server is unreachable (the caller says so: a reset is best effort)."""
-        headers = {k: v for k, v in self._headers.items() if k == "Authorization"}
         for url in self.endpoint.reset_cache_urls():
             try:
-                async with asyncio.timeout(self.endpoint.connect_timeout_s + 20):
-                    async with self.session.post(url, headers=headers) as resp:
+                async with asyncio.timeout(self._side_timeout_s):
+                    async with self.session.post(url, headers=self._auth) as resp:
                         await resp.read()
                         if 200 <= resp.status < 300:
                             return public_url(url)

@@ -15,6 +15,13 @@ from replayer.progress import RunSummary
 from replayer.rundir import new_run_id, write_json_atomic
 
 
+def with_fresh_salt(config: ReplayConfig) -> ReplayConfig:
+    """``config`` with a new cache-bust salt, so that this replay is served from no
+    earlier one's cache; without cache-bust (salt "") it stays as it is."""
+    salt = config.prompt.salt and new_run_id()
+    return replace(config, prompt=replace(config.prompt, salt=salt))
+
+
 def run_sweep(
     trace_path: Path,
     config: ReplayConfig,
@@ -31,10 +38,5 @@ def run_sweep(
     write_json_atomic(out / "sweep.json", {"levels": names})
     with running_endpoint(config) as (resolved, _sim):
         for name, n in zip(names, levels, strict=True):
-            salt = config.prompt.salt and new_run_id()  # "" (no cache-bust) stays
-            level = replace(
-                resolved,
-                schedule=Lanes(concurrency=n),
-                prompt=replace(config.prompt, salt=salt),
-            )
+            level = with_fresh_salt(replace(resolved, schedule=Lanes(concurrency=n)))
             yield name, replay(trace_path, level, out / name, progress=progress)
