@@ -26,7 +26,10 @@ rule). It maximizes the number of block hits among all policies under this model
 (LRU's hits are such a schedule), so Belady >= LRU, except that hit tokens weigh a
 partial last block less; the kept blocks of a request always form a prefix of it, so
 the prefix rule costs Belady nothing. Belady is simulated once per budget (a heap of
-reuse groups: blocks that move together from one request to their next).
+reuse groups: blocks that move together from one request to their next). An id that a
+request repeats (``[1, 1]``; chained prefix hashes never do) is one block: held once,
+and its later positions hit whenever the leading run reaches them, as ``lru_hits``
+counts them.
 
 **Ceiling.** The infinite budget: ``traces.stats.ideal_hit_tokens``, the ideal hit
 ``trace stats`` reports. With chained hash ids (equal id ⇒ equal prefix) a request's
@@ -54,6 +57,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from traces.cache import CacheRequest
 from traces.errors import TraceError
@@ -135,6 +139,40 @@ class _IdMap:
         return taken
 
 
+class _Looked:
+    """The ids one request has looked up, as disjoint sorted intervals [lo, hi)."""
+
+    __slots__ = ("hi", "lo")
+
+    def __init__(self) -> None:
+        self.lo: list[int] = []
+        self.hi: list[int] = []
+
+    def add(self, a: int, b: int) -> list[tuple[int, int, bool]]:
+        """Add [a, b); return it cut into (lo, hi, seen before) parts, in order."""
+        lo, hi = self.lo, self.hi
+        i = bisect.bisect_right(hi, a)
+        j = bisect.bisect_left(lo, b, i)
+        if i == j:  # the usual case: ids not looked up before
+            lo.insert(i, a)
+            hi.insert(i, b)
+            return [(a, b, False)]
+        parts: list[tuple[int, int, bool]] = []
+        x = a
+        for k in range(i, j):
+            if lo[k] > x:
+                parts.append((x, lo[k], False))
+            y = min(hi[k], b)
+            if y > max(x, lo[k]):
+                parts.append((max(x, lo[k]), y, True))
+            x = max(x, y)
+        if x < b:
+            parts.append((x, b, False))
+        lo[i:j] = [min(lo[i], a)]
+        hi[i:j] = [max(hi[j - 1], b)]
+        return parts
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class CacheModel:
     """The sweep's result for one request order: LRU hits at any budget and Belady
@@ -155,6 +193,9 @@ class CacheModel:
     group_next: IntArray
     group_pos: IntArray
     group_count: IntArray
+    # An echo group repeats ids its request looked up earlier (at a smaller pos): the
+    # same blocks, so it holds nothing and hits whenever the leading run reaches it.
+    group_echo: npt.NDArray[np.bool_]
     request_input: IntArray  # per request, in order
 
     def lru_hit_tokens(self, budget_blocks: int) -> int:
@@ -205,11 +246,14 @@ def _belady_kept(model: CacheModel, budget_blocks: int) -> IntArray:
     if _max_held(model) <= cap:  # everything fits: every reuse hits
         np.add.at(kept, nxt, model.group_count)
         return kept
-    by_prev = np.argsort(prev, kind="stable")
+    echo = model.group_echo
+    held_groups = np.flatnonzero(~echo)
+    by_prev = held_groups[np.argsort(prev[held_groups], kind="stable")]
     starts = np.searchsorted(prev[by_prev], np.arange(n_req + 1)).tolist()
     by_next = np.searchsorted(nxt, np.arange(n_req + 1)).tolist()  # nxt is sorted
     order, neg_next = by_prev.tolist(), (-nxt).tolist()
     neg_pos, count = (-model.group_pos).tolist(), model.group_count.tolist()
+    echoes = set(np.flatnonzero(echo).tolist())
     left = [0] * len(count)  # blocks of each group in the cache
     out = [0] * n_req
     held = 0
@@ -217,11 +261,25 @@ def _belady_kept(model: CacheModel, budget_blocks: int) -> IntArray:
     push, pop = heapq.heappush, heapq.heappop
     for e in range(n_req):
         g0, g1 = by_next[e], by_next[e + 1]
-        if g0 < g1:  # request e looks up its groups: what is left of them hits
-            hit = sum(left[g0:g1])
+        if g0 < g1 and not echoes:  # request e looks up its groups: what is left hits
+            hit = sum(left[g0:g1])  # (a prefix of the request: see the module doc)
             out[e] = hit
             held -= hit
             left[g0:g1] = [0] * (g1 - g0)
+        elif g0 < g1:  # the same, walking the groups in pos order past the echoes
+            hit = 0
+            run = True
+            for g in range(g0, g1):
+                if g in echoes:
+                    hit += count[g] if run else 0
+                    continue
+                have = left[g]
+                held -= have
+                left[g] = 0
+                if run:
+                    hit += have
+                    run = have == count[g]
+            out[e] = hit
         for g in order[starts[e] : starts[e + 1]]:  # blocks e touched, used again
             left[g] = count[g]
             held += count[g]
@@ -244,8 +302,10 @@ def _belady_kept(model: CacheModel, budget_blocks: int) -> IntArray:
 def _max_held(model: CacheModel) -> int:
     """Most blocks Belady would ever hold with no limit (all reuses kept)."""
     delta = np.zeros(model.requests + 1, dtype=np.int64)
-    np.add.at(delta, model.group_prev, model.group_count)
-    np.add.at(delta, model.group_next, -model.group_count)
+    held = ~model.group_echo
+    count = model.group_count[held]
+    np.add.at(delta, model.group_prev[held], count)
+    np.add.at(delta, model.group_next[held], -count)
     return int(np.cumsum(delta).max(initial=0))
 
 
@@ -265,12 +325,14 @@ def _sweep(reqs: Sequence[_Req], block_size: int) -> CacheModel:
     g_next: list[int] = []
     g_pos: list[int] = []
     g_cnt: list[int] = []
+    g_echo: list[bool] = []
     for e, req in enumerate(reqs):
         idmap = maps.get(req.namespace)
         if idmap is None:
             idmap = maps[req.namespace] = _IdMap()
         lo, hi, sg = idmap.lo, idmap.hi, idmap.seg
         useful = req.useful_blocks
+        looked = _Looked()  # the ids this request has looked up so far
         pos = 0  # blocks of the request looked up so far
         top = 0  # the prefix maximum of the ranks
         for v, m in req.runs:
@@ -305,10 +367,12 @@ def _sweep(reqs: Sequence[_Req], block_size: int) -> CacheModel:
                     r_lo.append(r0 + below)
                     r_hi.append(last)
                     top = last
-                g_prev.append(seg_req[s])
-                g_next.append(e)
-                g_pos.append(pos)
-                g_cnt.append(n)
+                for x0, x1, echo in looked.add(a, y):
+                    g_prev.append(seg_req[s])
+                    g_next.append(e)
+                    g_pos.append(pos + x0 - a)
+                    g_cnt.append(x1 - x0)
+                    g_echo.append(echo)
                 pos += n
                 a = y
                 k += 1
@@ -342,6 +406,7 @@ def _sweep(reqs: Sequence[_Req], block_size: int) -> CacheModel:
         group_next=arr(g_next),
         group_pos=arr(g_pos),
         group_count=arr(g_cnt),
+        group_echo=np.asarray(g_echo, dtype=bool),
         request_input=arr([r.input_tokens for r in reqs]),
     )
 

@@ -197,6 +197,32 @@ def test_cache_model_matches_values_worked_by_hand() -> None:
     assert ideal_hit_totals(_two_sessions()) == (80, 165)
 
 
+def test_ids_repeated_inside_a_request_hit_per_position_by_hand() -> None:
+    """A request that repeats an id looks the same block up twice: both positions
+    hit when the block is cached (as ``lru_hits`` counts them), and Belady holds the
+    block once. Block size 1; (namespace, ids, input tokens)."""
+
+    def curve(reqs: list[tuple[int, list[int], int]]) -> list[tuple[int, int]]:
+        model = model_of_requests(
+            [(ns, np.asarray(ids, dtype=np.int64), t) for ns, ids, t in reqs],
+            block_size=1,
+        )
+        return [(model.lru_hit_tokens(c), model.belady_hit_tokens(c)) for c in range(4)]
+
+    # [1] then [1, 1]: one cached block serves both positions.
+    assert curve([(0, [1], 1), (0, [1, 1], 2)]) == [(0, 0), (2, 2), (2, 2), (2, 2)]
+    # [1, 2] then [1, 2, 1, 2]: 1 block keeps the head (1 hit); 2 hold both (4 hits).
+    assert curve([(0, [1, 2], 2), (0, [1, 2, 1, 2], 4)]) == [
+        (0, 0),
+        (1, 1),
+        (4, 4),
+        (4, 4),
+    ]
+    # [1, 1] alone, then [3, 1]: the repeat inside the first request misses (not
+    # cached before it), and [3, 1] misses at its head.
+    assert curve([(0, [1, 1], 2), (0, [3, 1], 2)]) == [(0, 0)] * 4
+
+
 def test_cache_curve_knee_and_server_side_by_hand() -> None:
     curve = cache_curve(
         _two_sessions(),
@@ -253,8 +279,22 @@ def _request_orders(draw: st.DrawFn) -> tuple[int, list[tuple[int, np.ndarray, i
     return bs, out
 
 
-@settings(max_examples=100, deadline=None)
-@given(_request_orders())
+@st.composite
+def _repeating_orders(draw: st.DrawFn) -> tuple[int, list[tuple[int, np.ndarray, int]]]:
+    """Requests of arbitrary ids from a small set, so that ids repeat inside a
+    request and across requests in every pattern."""
+    bs = draw(st.sampled_from([1, 4]))
+    out = []
+    for _ in range(draw(st.integers(1, 12))):
+        ids = draw(st.lists(st.integers(0, 5), max_size=6))
+        tokens = max(0, len(ids) * bs - draw(st.integers(0, bs - 1)))
+        tokens += draw(st.sampled_from([0, 0, 7]))
+        out.append((draw(st.integers(0, 1)), np.asarray(ids, dtype=np.int64), tokens))
+    return bs, out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_request_orders(), _repeating_orders()))
 def test_lru_curve_equals_lru_hits_at_every_budget(
     case: tuple[int, list[tuple[int, np.ndarray, int]]],
 ) -> None:
