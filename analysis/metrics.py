@@ -77,10 +77,14 @@ NUMERIC_COLUMNS = (
 )
 
 
+MEASURED_OK = "measured_ok"  # numeric_view's column of the latency population
+
+
 def numeric_view(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with its nullable integer columns as float64 (NaN for null) and
-    ``warmup`` as plain bool: converted once, so that many metrics on a 10M-row
-    frame do not convert the same columns again. Same values, same populations."""
+    """``df`` with its nullable integer columns as float64 (NaN for null),
+    ``warmup`` as plain bool, and a ``measured_ok`` column (:func:`measured_ok`,
+    which then reads it): converted once, so that many metrics on a 10M-row frame
+    do not convert the same columns again. Same values, same populations."""
     out = {
         name: (
             column(df, name)
@@ -90,7 +94,10 @@ def numeric_view(df: pd.DataFrame) -> pd.DataFrame:
             else df[name]
         )
         for name in df.columns
+        if name != MEASURED_OK
     }
+    if "status" in df.columns and "warmup" in df.columns:
+        out[MEASURED_OK] = has_status(df, "ok") & ~is_warmup(df)
     return pd.DataFrame(out, index=df.index, copy=False)
 
 
@@ -117,7 +124,10 @@ def has_status(df: pd.DataFrame, *statuses: str) -> npt.NDArray[np.bool_]:
 
 
 def measured_ok(df: pd.DataFrame) -> npt.NDArray[np.bool_]:
-    """The latency population: ``status == "ok"`` and not warm-up."""
+    """The latency population: ``status == "ok"`` and not warm-up (a fresh array:
+    callers may narrow it in place)."""
+    if MEASURED_OK in df.columns:  # numeric_view's, filtered along with the rows
+        return df[MEASURED_OK].to_numpy(dtype=bool, copy=True)
     return has_status(df, "ok") & ~is_warmup(df)
 
 
@@ -210,6 +220,31 @@ def tpot_ms(df: pd.DataFrame) -> FloatArray:
     return v[~np.isnan(v)]
 
 
+def _kept_gaps(
+    df: pd.DataFrame,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Chunk gaps of ok, measured rows, ns, row after row (a row with fewer than two
+    chunks gives none), and where each row's gaps begin in that array.
+
+    Works on the flat Arrow chunk values with one per-chunk mask: no per-chunk row
+    ids and no copy of the list column (memory-bound on 10M rows)."""
+    keep = measured_ok(df)
+    arr = pa.array(df["chunk_times_ns"])  # Arrow-backed column: no Python objects
+    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy()
+    values = pc.list_flatten(arr).to_numpy()  # null lists contribute nothing
+    n_gaps = np.maximum(lengths[keep].astype(np.int64) - 1, 0)
+    gap_start = np.cumsum(n_gaps) - n_gaps
+    if values.size < 2:
+        return np.zeros(0, dtype=np.int64), gap_start
+    # Gap k joins values k and k+1: kept when value k is in a kept row and is not
+    # its row's last (the gap would cross into the next row).
+    inside = np.repeat(keep, lengths)
+    ends = np.cumsum(lengths)
+    inside[ends[lengths > 0] - 1] = False
+    gaps = np.diff(values)[inside[:-1]]
+    return gaps, gap_start
+
+
 def itl_ms(df: pd.DataFrame) -> FloatArray:
     """Inter-token latencies, ms, pooled over requests (as vLLM's benchmark does).
 
@@ -218,22 +253,7 @@ def itl_ms(df: pd.DataFrame) -> FloatArray:
     fewer than two chunks contributes no gap. A chunk carrying several tokens counts
     as one gap (what a user sees).
     """
-    keep = measured_ok(df)
-    arr = pa.array(df["chunk_times_ns"])  # Arrow-backed column: no Python objects
-    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy()
-    values = pc.list_flatten(arr).to_numpy()  # null lists contribute nothing
-    if values.size < 2:
-        return np.zeros(0, dtype=np.float64)
-    # Gap k joins values k and k+1: valid when both are in one kept row, i.e. k+1
-    # does not start a row and k's row is kept. (No per-chunk row ids: on 10M rows
-    # that array alone is hundreds of MB.)
-    within = np.ones(values.size - 1, dtype=bool)
-    starts = np.cumsum(lengths)[:-1]  # flat index where each following row begins
-    starts = starts[(starts > 0) & (starts < values.size)]
-    within[starts - 1] = False
-    within &= np.repeat(keep, lengths)[:-1]
-    gaps: FloatArray = np.diff(values)[within] / _NS_PER_MS
-    return gaps
+    return itl_and_spread_ms(df)[0]
 
 
 def itl_coalesced_share(df: pd.DataFrame, itl: FloatArray | None = None) -> float:
@@ -259,27 +279,34 @@ def itl_spread_ms(df: pd.DataFrame) -> FloatArray:
     that of :func:`itl_ms` over the same span; the percentiles no longer collapse to
     0. Population: ok, measured rows.
     """
-    keep = measured_ok(df)
-    arr = pa.array(df["chunk_times_ns"])  # Arrow-backed column: no Python objects
-    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy()
-    values = pc.list_flatten(arr).to_numpy()  # null lists contribute nothing
-    if values.size < 2:
-        return np.zeros(0, dtype=np.float64)
-    # Flat positions where a request's chunks begin; a read begins there or where
-    # the stamp changes. Per-read arrays only: no per-chunk row ids (memory-bound
-    # on 10M rows).
-    row_start = np.zeros(values.size, dtype=bool)
-    offsets = np.cumsum(lengths) - lengths
-    row_start[offsets[lengths > 0]] = True
-    new_read = row_start.copy()
-    new_read[1:] |= values[1:] != values[:-1]
-    first = np.flatnonzero(new_read)
-    count = np.diff(np.append(first, values.size))  # chunks per read
-    wait_ms = np.diff(values[first], prepend=values[0]) / _NS_PER_MS
-    # Reads after the request's first one, of kept (ok, measured) requests.
-    sel = ~row_start[first] & np.repeat(keep, lengths)[first]
-    spread: FloatArray = np.repeat(wait_ms[sel] / count[sel], count[sel])
-    return spread
+    return itl_and_spread_ms(df)[1]
+
+
+def itl_and_spread_ms(df: pd.DataFrame) -> tuple[FloatArray, FloatArray]:
+    """(:func:`itl_ms`, :func:`itl_spread_ms`) from one pass over the chunks. With
+    no 0 ns gap every read is one chunk and both are the same array (the same
+    object: callers may describe it once)."""
+    gaps, gap_start = _kept_gaps(df)
+    itl: FloatArray = gaps / _NS_PER_MS
+    zero = np.flatnonzero(gaps == 0)
+    if zero.size == 0:
+        return itl, itl
+    # In gap space a read after the row's first begins at a nonzero gap (its wait)
+    # and goes on over the run of 0 ns gaps after it; 0 ns gaps before the row's
+    # first nonzero one are chunks of the first read (no entry). Work on the 0 ns
+    # gaps only: a run of them is owned by the gap just before it.
+    head = np.ones(zero.size, dtype=bool)
+    head[1:] = np.diff(zero) != 1
+    owner = (zero - 1)[np.flatnonzero(head)[np.cumsum(head) - 1]]
+    row_first = gap_start[np.searchsorted(gap_start, zero, side="right") - 1]
+    joined = owner >= row_first
+    reads, extra = np.unique(owner[joined], return_counts=True)
+    spread: FloatArray = itl.copy()
+    spread[reads] = itl[reads] / (extra + 1)  # its wait over its chunks
+    spread[zero[joined]] = spread[owner[joined]]
+    if not joined.all():
+        spread = np.delete(spread, zero[~joined])
+    return itl, spread
 
 
 def interactivity_tok_s(df: pd.DataFrame) -> dict[str, float]:

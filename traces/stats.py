@@ -195,10 +195,14 @@ def percentiles(values: npt.ArrayLike, qs: Sequence[float]) -> list[float]:
     interpolation, NaNs dropped, NaN for no data. The project's one percentile
     definition (analysis and the engine's summary line use it too)."""
     arr = np.asarray(values, dtype=np.float64)
-    arr = arr[~np.isnan(arr)]
+    nan = np.isnan(arr)
+    own = bool(nan.any())
+    if own:  # a copy of our own, which numpy may reorder in place
+        arr = arr[~nan]
     if arr.size == 0:
         return [float("nan")] * len(qs)
-    return [float(x) for x in np.percentile(arr, list(qs), method=PERCENTILE_METHOD)]
+    found = np.percentile(arr, list(qs), method=PERCENTILE_METHOD, overwrite_input=own)
+    return [float(x) for x in found]
 
 
 def _summary(values: npt.NDArray[Any]) -> dict[str, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 
@@ -282,3 +283,51 @@ def test_itl_coalesced_chunks_are_counted_and_spread(
     assert spread.sum() == pytest.approx(raw[raw > 0].sum())
     assert m.percentile(spread, 50) == pytest.approx(17.5)
     assert m.percentile(raw, 50) == pytest.approx(10.0)
+
+
+def _itl_by_row(rows: list[tuple[list[int] | None, bool]]) -> tuple[list[float], ...]:
+    """The pooled gaps and the spread ITL, ms, read straight from the definitions,
+    one kept row at a time."""
+    gaps: list[float] = []
+    spread: list[float] = []
+    for chunks, kept in rows:
+        if not kept or not chunks:
+            continue
+        gaps += [(b - a) / MS for a, b in itertools.pairwise(chunks)]
+        reads: list[list[int]] = []  # chunk stamps grouped by read
+        for t in chunks:
+            if reads and reads[-1][0] == t:
+                reads[-1].append(t)
+            else:
+                reads.append([t])
+        for prev, read in itertools.pairwise(reads):
+            spread += [(read[0] - prev[0]) / MS / len(read)] * len(read)
+    return gaps, spread
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_itl_and_spread_match_their_definitions_row_by_row(
+    rec: Callable[..., RequestRecord], seed: int
+) -> None:
+    """Random rows: null, empty, single-chunk, coalesced at the head, in the middle
+    and throughout; failed and warm-up rows left out."""
+    rng = np.random.default_rng(seed)
+    rows: list[tuple[list[int] | None, bool]] = []
+    records = []
+    for i in range(int(rng.integers(1, 40))):
+        n = int(rng.integers(0, 7))
+        steps = rng.choice([0, 0, 1, 3, 7], size=n) * MS
+        chunks = None if rng.random() < 0.1 else np.cumsum(steps).tolist()
+        status = "ok" if rng.random() < 0.8 else "timeout"
+        warm = bool(rng.random() < 0.15)
+        rows.append((chunks, status == "ok" and not warm))
+        records.append(
+            rec(request_index=i, chunk_times_ns=chunks, status=status, warmup=warm)
+        )
+    df = records_frame(records_to_table(records))
+    want_gaps, want_spread = _itl_by_row(rows)
+    gaps, spread = m.itl_and_spread_ms(df)
+    assert gaps.tolist() == want_gaps
+    assert spread.tolist() == want_spread
+    assert m.itl_ms(df).tolist() == want_gaps
+    assert m.itl_spread_ms(df).tolist() == want_spread
