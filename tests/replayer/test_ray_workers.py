@@ -9,14 +9,14 @@ Loopback only: Ray 2.60 listens on loopback only when a node's IP is exactly
 127.0.0.1 (else its GCS and raylets listen on every interface). `ray start
 --node-ip-address 127.0.0.1` swaps that for the machine's routable address unless
 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which in turn stops `ray start --address` from
-adding a node; so the nodes are `Cluster` nodes given 127.0.0.1, and the driver
-(`replayer run`, `sweep` or `capacity`, which inherit the variable) finds its node
-there. The tests check that every listening socket of the cluster's processes
-(actors included, mid-run) is on loopback."""
+adding a node; so the nodes are `Cluster` nodes given 127.0.0.1
+(``tests.ray_cluster``), and the driver (`replayer run`, `sweep` or `capacity`,
+which inherit the variable) finds its node there. The tests check that every
+listening socket of the cluster's processes (actors included, mid-run) is on
+loopback."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import signal
@@ -31,40 +31,26 @@ import pandas as pd
 import pytest
 
 from tests.builders import growing_session, trace_of
+from tests.ray_cluster import (
+    beyond_loopback,
+    listening,
+    loopback_cluster,
+    ray_pids,
+    replay_actors,
+)
 from traces.io import write_trace
 
 pytest.importorskip("ray", reason="the Ray tests need the [ray] extra (or [test])")
 
 REPLAYER = [sys.executable, "-m", "replayer"]
-SMALL_NODE = {
-    "num_cpus": 1,
-    "object_store_memory": 100_000_000,
-    "node_ip_address": "127.0.0.1",
-}
-LOOPBACK_ONLY = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
-}
 
 
 @pytest.fixture(scope="module")
 def ray_nodes() -> Iterator[Any]:
     """Two Ray nodes on this machine, on loopback (a ``Cluster``). Stopped after the
     module."""
-    from ray.cluster_utils import Cluster
-
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in LOOPBACK_ONLY.items():
-            env.setenv(name, value)
-        cluster: Any = Cluster(
-            initialize_head=True,
-            head_node_args={**SMALL_NODE, "include_dashboard": False},
-        )
-        try:
-            cluster.add_node(**SMALL_NODE)
-            yield cluster
-        finally:
-            cluster.shutdown()
+    with loopback_cluster(2) as cluster:
+        yield cluster
 
 
 @pytest.fixture
@@ -73,75 +59,12 @@ def ray_cluster(ray_nodes: Any) -> str:
     return str(ray_nodes.address)
 
 
-def _ray_pids(cluster: Any) -> list[int]:
-    """This cluster's processes: each node's own (GCS, raylet, agents) and all their
-    descendants (workers, actors); not another cluster's on the same machine."""
-    ours = {
-        info.process.pid
-        for node in cluster.list_all_nodes()
-        for infos in node.all_processes.values()
-        for info in infos
-    }
-    parent: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parent[int(stat.parent.name)] = int(fields[1])
-    found = set(ours)
-    for pid in parent:
-        seen, p = set(), pid
-        while p in parent and p not in seen and p not in found:
-            seen.add(p)
-            p = parent[p]
-        if p in found:
-            found |= seen
-    return sorted(found)
-
-
-def _hex_address(field: str) -> str:
-    """A /proc/net/tcp{,6} local address as text: 127.0.0.1, ::ffff:7f00:1 or ::1."""
-    raw = bytes.fromhex(field.split(":")[0])
-    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    return str(ipaddress.ip_address(words))
-
-
-def _listening(pids: list[int]) -> dict[str, set[int]]:
-    """The TCP addresses these processes listen on, each with its ports."""
-    sockets: dict[str, str] = {}  # inode -> address
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            cols = line.split()
-            if cols[3] == "0A":  # LISTEN
-                sockets[cols[9]] = cols[1]
-    out: dict[str, set[int]] = {}
-    for pid in pids:
-        for fd in Path(f"/proc/{pid}/fd").glob("*"):
-            try:
-                target = str(fd.readlink())
-            except OSError:
-                continue
-            local = sockets.get(target[8:-1]) if target.startswith("socket:[") else None
-            if local is not None:
-                port = int(local.split(":")[1], 16)
-                out.setdefault(_hex_address(local), set()).add(port)
-    return out
-
-
-def _loopback(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
-
-
 def _assert_loopback_only(cluster: Any) -> None:
     """Nothing of the cluster's (GCS, raylets, agents, workers) listens beyond
     loopback."""
-    listening = _listening(_ray_pids(cluster))
-    assert listening
-    assert {a for a in listening if not _loopback(a)} == set(), listening
+    listeners = listening(ray_pids(cluster))
+    assert listeners
+    assert beyond_loopback(listeners) == {}, listeners
 
 
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -198,21 +121,6 @@ def test_ray_two_nodes_give_the_rows_of_one_process(
     _assert_loopback_only(ray_nodes)
 
 
-def _actor_pids(cluster: Any) -> list[int]:
-    pids = []
-    for pid in _ray_pids(cluster):
-        try:
-            if (
-                Path(f"/proc/{pid}/cmdline")
-                .read_bytes()
-                .startswith(b"ray::ReplayActor")
-            ):
-                pids.append(pid)
-        except OSError:
-            continue
-    return pids
-
-
 def test_ray_killed_actor_ends_the_run_with_one_line_and_keeps_rows(
     ray_nodes: Any, ray_cluster: str, tmp_path: Path
 ) -> None:
@@ -233,7 +141,7 @@ def test_ray_killed_actor_ends_the_run_with_one_line_and_keeps_rows(
                 break
             time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()
-        pids = _actor_pids(ray_nodes)
+        pids = replay_actors(ray_pids(ray_nodes))
         assert len(pids) == 2
         # The actors mid-run listen on loopback too (their core workers' gRPC).
         _assert_loopback_only(ray_nodes)
