@@ -204,7 +204,8 @@ class ReplayConfig:
     workers: int = 1  # processes, sessions sharded round-robin
     sim_args: tuple[str, ...] = ()  # options of the built-in simulated endpoint
     # Ray: the cluster ("auto", or an address ray.init takes) whose actors replay;
-    # None: this machine only. ray_workers: actors (None: one per live node).
+    # None: this machine only. ray_workers: actors (None: one per live node, at most
+    # one per lane).
     ray_address: str | None = None
     ray_workers: int | None = None
     # The AgentX protocol (issue #13); `--profile agentx` sets the defaults below.

@@ -1,8 +1,9 @@
 """``--ray ADDRESS``: the ``--workers`` design on a Ray cluster. Each worker is a Ray
 actor with its own event loop, pinned to a node (round-robin over the cluster's live
-nodes, one per node by default); session trees are sharded so that a tree never
-spans actors, and the global concurrency or rate is split exactly
-(:func:`replayer.workers.worker_config`).
+nodes; by default one per node, and no more than the lanes, so that ``--concurrency
+1`` on two nodes, a sweep's or a capacity search's first level, runs one actor);
+session trees are sharded so that a tree never spans actors, and the global
+concurrency or rate is split exactly (:func:`replayer.workers.worker_config`).
 
 One start instant across machines: perf counters are per machine, so the driver
 measures each actor's wall-clock offset from its own (the sample with the shortest
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from replayer.clock import MonotonicClock
-from replayer.config import ReplayConfig
+from replayer.config import Lanes, ReplayConfig
 from replayer.errors import ConfigError
 from replayer.progress import Progress, RunCounters, RunSummary
 from replayer.records import RunMeta
@@ -147,6 +148,17 @@ class ReplayActor:
         return "ok", ""
 
 
+def actor_count(config: ReplayConfig, live_nodes: int) -> int:
+    """How many actors run ``config``: ``ray_workers`` when given (a split that leaves
+    one without a lane is refused later), else one per live node but no more than
+    the lanes: an actor without a session tree would have nothing to replay."""
+    if config.ray_workers is not None:
+        return config.ray_workers
+    if isinstance(config.schedule, Lanes):
+        return min(live_nodes, config.schedule.concurrency)
+    return live_nodes
+
+
 def _clock_offset(ray: Any, actor: Any) -> tuple[int, int]:
     """(actor wall clock - driver wall clock, round trip) in ns: the sample with the
     shortest round trip, whose midpoint is the best estimate."""
@@ -201,7 +213,7 @@ def _drive(
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    n = config.ray_workers or len(nodes)
+    n = actor_count(config, len(nodes))
     config = replace(config, workers=n)
     check_split(config, "--ray")
     remote = ray.remote(num_cpus=0, max_restarts=0)(ReplayActor)

@@ -235,7 +235,7 @@ def _replay_options(f: F) -> F:
         click.option(
             "--ray-workers",
             type=click.IntRange(min=1),
-            help="Ray actors (default: one per live node).",
+            help="Ray actors (default: one per live node, at most one per lane).",
         ),
         click.option(
             "--sim-args",

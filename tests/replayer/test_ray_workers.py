@@ -2,19 +2,21 @@
 `ray.cluster_utils.Cluster`, one CPU and a 100 MB object store each, no dashboard,
 every listener on loopback): the same rows as one process, from both nodes; an actor
 killed mid-run ends the run with one line and the other actor's rows stay readable.
+`replayer sweep --ray` and `replayer capacity --ray` run each level or cell there,
+one actor per lane up to one per node.
 
 Loopback only: Ray 2.60 listens on loopback only when a node's IP is exactly
 127.0.0.1 (else its GCS and raylets listen on every interface). `ray start
 --node-ip-address 127.0.0.1` swaps that for the machine's routable address unless
 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which in turn stops `ray start --address` from
-adding a node; so the nodes are `Cluster` nodes given 127.0.0.1, and the driver
-(`replayer run`, which inherits the variable) finds its node there. Both tests check
-that every listening socket of the cluster's processes (actors included, mid-run)
-is on loopback."""
+adding a node; so the nodes are `Cluster` nodes given 127.0.0.1
+(``tests.ray_cluster``), and the driver (`replayer run`, `sweep` or `capacity`,
+which inherit the variable) finds its node there. The tests check that every
+listening socket of the cluster's processes (actors included, mid-run) is on
+loopback."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import signal
@@ -29,40 +31,26 @@ import pandas as pd
 import pytest
 
 from tests.builders import growing_session, trace_of
+from tests.ray_cluster import (
+    beyond_loopback,
+    listening,
+    loopback_cluster,
+    ray_pids,
+    replay_actors,
+)
 from traces.io import write_trace
 
 pytest.importorskip("ray", reason="the Ray tests need the [ray] extra (or [test])")
 
 REPLAYER = [sys.executable, "-m", "replayer"]
-SMALL_NODE = {
-    "num_cpus": 1,
-    "object_store_memory": 100_000_000,
-    "node_ip_address": "127.0.0.1",
-}
-LOOPBACK_ONLY = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
-}
 
 
 @pytest.fixture(scope="module")
 def ray_nodes() -> Iterator[Any]:
     """Two Ray nodes on this machine, on loopback (a ``Cluster``). Stopped after the
     module."""
-    from ray.cluster_utils import Cluster
-
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in LOOPBACK_ONLY.items():
-            env.setenv(name, value)
-        cluster: Any = Cluster(
-            initialize_head=True,
-            head_node_args={**SMALL_NODE, "include_dashboard": False},
-        )
-        try:
-            cluster.add_node(**SMALL_NODE)
-            yield cluster
-        finally:
-            cluster.shutdown()
+    with loopback_cluster(2) as cluster:
+        yield cluster
 
 
 @pytest.fixture
@@ -71,67 +59,12 @@ def ray_cluster(ray_nodes: Any) -> str:
     return str(ray_nodes.address)
 
 
-def _ray_pids(cluster: Any) -> list[int]:
-    """This cluster's processes: each node's own (GCS, raylet, agents) and all their
-    descendants (workers, actors); not another cluster's on the same machine."""
-    ours = {
-        info.process.pid
-        for node in cluster.list_all_nodes()
-        for infos in node.all_processes.values()
-        for info in infos
-    }
-    parent: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parent[int(stat.parent.name)] = int(fields[1])
-    found = set(ours)
-    for pid in parent:
-        seen, p = set(), pid
-        while p in parent and p not in seen and p not in found:
-            seen.add(p)
-            p = parent[p]
-        if p in found:
-            found |= seen
-    return sorted(found)
-
-
-def _hex_address(field: str) -> str:
-    """A /proc/net/tcp{,6} local address as text: 127.0.0.1, ::ffff:7f00:1 or ::1."""
-    raw = bytes.fromhex(field.split(":")[0])
-    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    return str(ipaddress.ip_address(words))
-
-
-def _listening(pids: list[int]) -> dict[str, set[int]]:
-    """The TCP addresses these processes listen on, each with its ports."""
-    sockets: dict[str, str] = {}  # inode -> address
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            cols = line.split()
-            if cols[3] == "0A":  # LISTEN
-                sockets[cols[9]] = cols[1]
-    out: dict[str, set[int]] = {}
-    for pid in pids:
-        for fd in Path(f"/proc/{pid}/fd").glob("*"):
-            try:
-                target = str(fd.readlink())
-            except OSError:
-                continue
-            local = sockets.get(target[8:-1]) if target.startswith("socket:[") else None
-            if local is not None:
-                port = int(local.split(":")[1], 16)
-                out.setdefault(_hex_address(local), set()).add(port)
-    return out
-
-
-def _loopback(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
+def _assert_loopback_only(cluster: Any) -> None:
+    """Nothing of the cluster's (GCS, raylets, agents, workers) listens beyond
+    loopback."""
+    listeners = listening(ray_pids(cluster))
+    assert listeners
+    assert beyond_loopback(listeners) == {}, listeners
 
 
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -185,25 +118,7 @@ def test_ray_two_nodes_give_the_rows_of_one_process(
         for k in range(2)
     ] == [2, 2]  # the global concurrency, split exactly
     assert "limited" in meta["client_check"]
-    # Nothing of Ray's listens beyond loopback: GCS, raylets, agents, workers.
-    listening = _listening(_ray_pids(ray_nodes))
-    assert listening
-    assert {a for a in listening if not _loopback(a)} == set(), listening
-
-
-def _actor_pids(cluster: Any) -> list[int]:
-    pids = []
-    for pid in _ray_pids(cluster):
-        try:
-            if (
-                Path(f"/proc/{pid}/cmdline")
-                .read_bytes()
-                .startswith(b"ray::ReplayActor")
-            ):
-                pids.append(pid)
-        except OSError:
-            continue
-    return pids
+    _assert_loopback_only(ray_nodes)
 
 
 def test_ray_killed_actor_ends_the_run_with_one_line_and_keeps_rows(
@@ -226,11 +141,10 @@ def test_ray_killed_actor_ends_the_run_with_one_line_and_keeps_rows(
                 break
             time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()
-        pids = _actor_pids(ray_nodes)
+        pids = replay_actors(ray_pids(ray_nodes))
         assert len(pids) == 2
         # The actors mid-run listen on loopback too (their core workers' gRPC).
-        listening = _listening(_ray_pids(ray_nodes))
-        assert {a for a in listening if not _loopback(a)} == set(), listening
+        _assert_loopback_only(ray_nodes)
         os.kill(pids[1], signal.SIGKILL)
         _out, err = proc.communicate(timeout=120)
     finally:
@@ -252,3 +166,91 @@ def test_ray_killed_actor_ends_the_run_with_one_line_and_keeps_rows(
     analyzed = _cli("analyze", str(run_dir), "--json")
     assert analyzed.returncode == 0, analyzed.stderr
     assert json.loads(analyzed.stdout)["ok"] > 0
+
+
+def test_ray_actor_count_is_one_per_node_and_at_most_one_per_lane() -> None:
+    from replayer.config import EndpointConfig, Lanes, RateArrivals, ReplayConfig
+    from replayer.ray_workers import actor_count
+
+    def config(**fields: Any) -> ReplayConfig:
+        return ReplayConfig(endpoint=EndpointConfig(), **fields)
+
+    assert actor_count(config(schedule=Lanes(concurrency=1)), 2) == 1
+    assert actor_count(config(schedule=Lanes(concurrency=2)), 2) == 2
+    assert actor_count(config(schedule=Lanes(concurrency=8)), 3) == 3
+    assert actor_count(config(schedule=RateArrivals(session_rate=0.5)), 2) == 2
+    # A count the user asked for stands (check_split refuses an idle actor).
+    asked = config(schedule=Lanes(concurrency=1), ray_workers=4)
+    assert actor_count(asked, 2) == 4
+
+
+def _nodes_of_rows(run_dir: Path) -> set[str]:
+    """The Ray nodes whose actors wrote ``run_dir``'s rows (run.json ``ray.actors``
+    maps each worker id to its node)."""
+    actors = json.loads((run_dir / "run.json").read_text())["ray"]["actors"]
+    node = {a["worker_id"]: a["node_id"] for a in actors}
+    df = pd.read_parquet(run_dir / "requests", columns=["worker_id"])
+    return {node[int(k)] for k in df["worker_id"].unique()}
+
+
+def _study(
+    command: str, cluster: str, tmp_path: Path, turns: int, *args: str
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """`replayer COMMAND` (sweep or capacity) with ``args`` on the cluster: four
+    sessions of ``turns`` turns, no think time, against the built-in sim at 50x."""
+    trace = _trace(tmp_path / "t.jsonl", sessions=4, turns=turns, out=8)
+    out = tmp_path / command
+    r = _cli(command, str(trace), *args, "--ray", cluster, "--out", str(out),
+             "--think-scale", "0", "--quiet", "--sim-args", "--speed 50")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return out, r
+
+
+def test_ray_sweep_runs_each_level_on_the_cluster(
+    ray_nodes: Any, ray_cluster: str, tmp_path: Path
+) -> None:
+    out, _ = _study("sweep", ray_cluster, tmp_path, 4, "--concurrency", "1,2")
+    assert json.loads((out / "sweep.json").read_text()) == {"levels": ["c1", "c2"]}
+    keys = ["session_id", "request_index"]
+    for level, n in (("c1", 1), ("c2", 2)):
+        df = pd.read_parquet(out / level / "requests")
+        assert len(df) == 16
+        assert not df.duplicated(keys).any()
+        assert (df["status"] == "ok").all()
+        meta = json.loads((out / level / "run.json").read_text())
+        assert meta["mode"]["concurrency"] == n
+        assert meta["counts"]["ok"] == 16
+        # One actor per lane, at most one per node: c1 on one node, c2 on both.
+        assert len(meta["ray"]["actors"]) == n
+        assert sorted(df["worker_id"].unique()) == list(range(n))
+        assert len(_nodes_of_rows(out / level)) == n
+    analyzed = _cli("analyze", str(out), "--json")
+    assert analyzed.returncode == 0, analyzed.stderr
+    doc = json.loads(analyzed.stdout)
+    assert [s["requests"] for s in doc["runs"]] == [16, 16]
+    (sweep,) = doc["sweeps"]
+    assert len(sweep["levels"]) == 2
+    _assert_loopback_only(ray_nodes)
+
+
+def test_ray_capacity_runs_its_cells_on_the_cluster(
+    ray_nodes: Any, ray_cluster: str, tmp_path: Path
+) -> None:
+    cells = ["--max-cells", "2", "--duration", "1", "--no-widen", "--json"]
+    out, r = _study("capacity", ray_cluster, tmp_path, 6, "--slo", "ttft=100s", *cells)
+    doc = json.loads(r.stdout)
+    assert doc == json.loads((out / "capacity.json").read_text())
+    assert [c["name"] for c in doc["cells"]] == ["c1", "c2"]
+    assert doc["result"]["status"] == "budget"
+    assert doc["result"]["max_concurrency"] == 2
+    keys = ["session_id", "replay_index", "request_index"]
+    for cell in doc["cells"]:
+        run_dir = out / cell["name"]
+        df = pd.read_parquet(run_dir / "requests")
+        assert len(df) == cell["requests"] > 0
+        assert (df["status"] == "ok").sum() == cell["ok"] > 0
+        assert not df.duplicated(keys).any()
+        meta = json.loads((run_dir / "run.json").read_text())
+        assert meta["mode"]["concurrency"] == cell["level"]
+        assert len(_nodes_of_rows(run_dir)) == cell["level"]
+    _assert_loopback_only(ray_nodes)
