@@ -8,8 +8,8 @@ Pure: a numeric request frame (``metrics.numeric_view``) in, table rows out.
 
 from __future__ import annotations
 
-import itertools
-from typing import Any
+import math
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -18,15 +18,16 @@ import pandas as pd
 from analysis import metrics as m
 
 _NS_PER_MS = 1e6
+FloatArray = npt.NDArray[np.float64]
 
 
 def turn_bucket(request_index: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
     """Bucket of each turn index: 0, 1, 2-3, 4-7, 8-15, ... (bucket k >= 1 holds
     indices 2^(k-1) to 2^k - 1)."""
-    idx = np.nan_to_num(request_index, nan=0.0).astype(np.int64)
-    out = np.zeros(idx.size, dtype=np.int64)
-    pos = idx > 0
-    out[pos] = np.floor(np.log2(idx[pos])).astype(np.int64) + 1
+    idx = np.floor(request_index)  # NaN (unknown) stays NaN: bucket 0
+    # The bucket is the index's bit length: frexp's exponent (exact, unlike log2).
+    exponent = np.frexp(idx)[1].astype(np.int64)
+    out: npt.NDArray[np.int64] = np.where(idx >= 1, exponent, 0)
     return out
 
 
@@ -37,55 +38,114 @@ def _bucket_label(k: int) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
+class _Kept(NamedTuple):
+    """The columns the tables read, over the ok, measured rows (taken once for
+    both tables)."""
+
+    prompt: FloatArray
+    cached: FloatArray
+    server_prompt: FloatArray
+    ideal: FloatArray
+    lru: FloatArray | None
+    ttft_ms: FloatArray
+    e2e_ms: FloatArray
+
+    @classmethod
+    def of(cls, df: pd.DataFrame, keep: npt.NDArray[np.bool_],
+           lru: FloatArray | None) -> _Kept:  # fmt: skip
+        return cls(
+            prompt=m.column(df, "prompt_tokens")[keep],
+            cached=m.column(df, "cached_tokens")[keep],
+            server_prompt=m.server_prompt(df)[keep],
+            ideal=m.column(df, "ideal_cached_tokens")[keep],
+            lru=lru[keep] if lru is not None else None,
+            ttft_ms=m.column(df, "ttft_ns")[keep] / _NS_PER_MS,
+            e2e_ms=m.column(df, "e2e_ns")[keep] / _NS_PER_MS,
+        )
+
+
 def _rows(
-    df: pd.DataFrame,
-    groups: npt.NDArray[np.int64],
-    labels: dict[int, str],
-    lru: npt.NDArray[np.float64] | None,
+    cols: _Kept, g: npt.NDArray[np.int64], labels: dict[int, str]
 ) -> list[dict[str, Any]]:
-    # The kept rows grouped by one stable sort: each column is gathered once and
-    # every group is a slice of it (not a pass over all rows per group).
-    rows = np.flatnonzero(m.measured_ok(df))
-    g = groups[rows]
-    if g.size and g.min() >= 0 and g.max() < 2**15:
-        g = g.astype(np.int16)  # small keys: numpy's stable sort is a radix sort
-    order = rows[np.argsort(g, kind="stable")]
-    g_sorted = groups[order]
-    bounds = np.flatnonzero(np.diff(g_sorted)) + 1
-    cuts = [0, *bounds.tolist(), order.size]
+    """The table rows of groups ``g`` (one per kept row)."""
+    if g.size == 0:
+        return []
+    n = int(g.max()) + 1
+    count = np.bincount(g, minlength=n)
 
-    def kept(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        return values[order]
+    def known(values: FloatArray) -> tuple[npt.NDArray[np.int64], FloatArray]:
+        """(groups, values) of the rows whose value is known (not NaN): no copy
+        when every row knows it."""
+        nan = np.isnan(values)
+        if not nan.any():
+            return g, values
+        return g[~nan], values[~nan]
 
-    ttft = kept(m.column(df, "ttft_ns")) / _NS_PER_MS
-    e2e = kept(m.column(df, "e2e_ns")) / _NS_PER_MS
-    cached = kept(m.column(df, "cached_tokens"))
-    ideal = kept(m.column(df, "ideal_cached_tokens"))
-    prompt = kept(m.column(df, "prompt_tokens"))
-    server_prompt = kept(m.server_prompt(df))
-    lru_k = kept(lru) if lru is not None else None
+    def by_group(values: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """(Σ, rows) of the known values per group. Token counts are whole
+        numbers, so these sums are exact in any order."""
+        gk, v = known(values)
+        return (
+            np.bincount(gk, weights=v, minlength=n).astype(float),
+            np.bincount(gk, minlength=n).astype(float),
+        )
+
+    def rates(hits: FloatArray, prompt: FloatArray) -> list[float]:
+        """:func:`metrics.hit_rate` per group: Σ hits / Σ prompt (NaN prompts as 0)
+        over the rows whose hits are known."""
+        nan = np.isnan(hits)
+        gk, h, p = (
+            (g, hits, prompt) if not nan.any() else (g[~nan], hits[~nan], prompt[~nan])
+        )
+        p_nan = np.isnan(p)
+        if p_nan.any():
+            p = np.where(p_nan, 0.0, p)
+        num = np.bincount(gk, weights=h, minlength=n)
+        den = np.bincount(gk, weights=p, minlength=n)
+        return [x / d if d > 0 else math.nan for x, d in zip(num, den, strict=True)]
+
+    prompt_sum, prompt_rows = by_group(cols.prompt)
+    server = rates(cols.cached, cols.server_prompt)
+    ideal = rates(cols.ideal, cols.prompt)
+    lru_rates = rates(cols.lru, cols.prompt) if cols.lru is not None else None
+    # The latencies grouped by one stable sort (small keys: a radix sort); each
+    # group's percentiles are then taken on a slice.
+    order = np.argsort(g.astype(np.int16) if n < 2**15 else g, kind="stable")
+    cuts = np.concatenate([[0], np.cumsum(count)]).tolist()
+    ttft = cols.ttft_ms[order]
+    e2e = cols.e2e_ms[order]
     out = []
-    for a, b in itertools.pairwise(cuts):
-        if a == b:
-            continue
-        sel = slice(a, b)
+    for k in np.flatnonzero(count).tolist():
+        sel = slice(cuts[k], cuts[k + 1])
         p50, p90 = m.percentiles(ttft[sel], [50, 90])
         e50, e90 = m.percentiles(e2e[sel], [50, 90])
         row: dict[str, Any] = {
-            "group": labels[int(g_sorted[a])],
-            "requests": b - a,
+            "group": labels[k],
+            "requests": int(count[k]),
             "ttft_ms_p50": p50,
             "ttft_ms_p90": p90,
             "e2e_ms_p50": e50,
             "e2e_ms_p90": e90,
-            "prompt_tokens_mean": float(np.nanmean(prompt[sel])),
-            "hit_rate_server": m.hit_rate(cached[sel], server_prompt[sel]),
-            "hit_rate_ideal": m.hit_rate(ideal[sel], prompt[sel]),
+            "prompt_tokens_mean": float(prompt_sum[k] / prompt_rows[k])
+            if prompt_rows[k]
+            else math.nan,
+            "hit_rate_server": server[k],
+            "hit_rate_ideal": ideal[k],
         }
-        if lru_k is not None:
-            row["hit_rate_lru"] = m.hit_rate(lru_k[sel], prompt[sel])
+        if lru_rates is not None:
+            row["hit_rate_lru"] = lru_rates[k]
         out.append(row)
     return out
+
+
+def _turn_groups(df: pd.DataFrame) -> tuple[npt.NDArray[np.int64], dict[int, str]]:
+    groups = turn_bucket(m.column(df, "request_index"))
+    return groups, {k: _bucket_label(k) for k in range(int(groups.max(initial=0)) + 1)}
+
+
+def _depth_groups(df: pd.DataFrame) -> tuple[npt.NDArray[np.int64], dict[int, str]]:
+    groups = np.nan_to_num(m.column(df, "agent_depth"), nan=0.0).astype(np.int64)
+    return groups, {k: str(k) for k in range(int(groups.max(initial=0)) + 1)}
 
 
 def by_turn(
@@ -96,9 +156,7 @@ def by_turn(
     prompt over rows reporting cached_tokens; ideal: Σ ideal / Σ prompt; LRU with
     an estimate). Population: ok, measured rows. Hit rates by
     :func:`metrics.hit_rate` (NaN, never 0, when unknown)."""
-    groups = turn_bucket(m.column(df, "request_index"))
-    labels = {int(k): _bucket_label(int(k)) for k in np.unique(groups)}
-    return _rows(df, groups, labels, lru)
+    return by_turn_and_depth(df, lru)[0]
 
 
 def by_depth(
@@ -106,6 +164,16 @@ def by_depth(
 ) -> list[dict[str, Any]]:
     """The same figures per subagent depth (0 = root sessions, 1 = their
     subagents, …). Population: ok, measured rows."""
-    groups = np.nan_to_num(m.column(df, "agent_depth"), nan=0.0).astype(np.int64)
-    labels = {int(k): str(int(k)) for k in np.unique(groups)}
-    return _rows(df, groups, labels, lru)
+    return by_turn_and_depth(df, lru)[1]
+
+
+def by_turn_and_depth(
+    df: pd.DataFrame, lru: npt.NDArray[np.float64] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(:func:`by_turn`, :func:`by_depth`), the kept columns taken once."""
+    keep = m.measured_ok(df)
+    cols = _Kept.of(df, keep, lru)
+    tables = []
+    for groups, labels in (_turn_groups(df), _depth_groups(df)):
+        tables.append(_rows(cols, groups[keep], labels))
+    return tables[0], tables[1]

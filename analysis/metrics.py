@@ -353,13 +353,12 @@ def measured_window_s(df: pd.DataFrame) -> float:
     Population: ok, measured rows. NaN with no such row (or zero length).
     """
     keep = measured_ok(df)
-    starts = column(df, "start_ns")[keep]
-    ends = column(df, "end_ns")[keep]
-    starts, ends = starts[~np.isnan(starts)], ends[~np.isnan(ends)]
-    if starts.size == 0 or ends.size == 0:
+    if not keep.any():
         return NAN
-    start, end = starts.min(), ends.max()
-    return (end - start) / _NS_PER_S if end > start else NAN
+    # fmin/fmax skip NaN (null) instants; all NaN gives NaN, and NaN > x is False.
+    start = np.fmin.reduce(column(df, "start_ns")[keep])
+    end = np.fmax.reduce(column(df, "end_ns")[keep])
+    return float(end - start) / _NS_PER_S if end > start else NAN
 
 
 def throughput_tok_s(df: pd.DataFrame, gpus: int | None = None) -> dict[str, Any]:

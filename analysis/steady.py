@@ -93,6 +93,7 @@ def in_window(df: pd.DataFrame, window: SteadyWindow) -> pd.DataFrame:
             out[c] = m.is_warmup(df)[keep]
         else:
             out[c] = m.column(df, c)[keep]
+    out[m.MEASURED_OK] = m.measured_ok(df)[keep]  # as numeric_view gives it
     return pd.DataFrame(out, copy=False)  # no copy: no 2-D consolidation either
 
 

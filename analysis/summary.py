@@ -17,7 +17,7 @@ import pandas as pd
 
 from analysis import metrics as m
 from analysis.cache import lru_cached_tokens, miss_impact, request_cache
-from analysis.depth import by_depth, by_turn
+from analysis.depth import by_turn_and_depth
 from analysis.errors import AnalysisError
 from analysis.load import Run, block_tokens_of
 from analysis.sessions import session_trees
@@ -173,8 +173,9 @@ def _gpus(run: Run, gpus: int | None) -> int | None:
 
 
 def _threads() -> int:
-    """Threads for :func:`summarize`'s larger parts: the cores, at most 4."""
-    return max(1, min(4, os.cpu_count() or 1))
+    """Threads for :func:`summarize`'s parts beside the calling one: one per core
+    left (at least one, at most the three parts there are)."""
+    return max(1, min(3, (os.cpu_count() or 1) - 1))
 
 
 def _itl(df: pd.DataFrame) -> tuple[dict[str, float], dict[str, float], float]:
@@ -267,14 +268,14 @@ def summarize(
         reporting_only=True,
         columns=("ttft_ms", "cached_tokens", "missed_tokens"),
     )
-    # The larger independent parts in threads (numpy and pandas release the GIL
-    # in their loops): on 10M rows the ITL gaps alone are ~28M values.
+    # Three of the larger independent parts in threads beside this one (numpy and
+    # pandas release the GIL in their loops): on 10M rows the ITL gaps alone are
+    # ~28M values. This thread takes the by-turn/by-depth tables and the rest.
     with ThreadPoolExecutor(max_workers=_threads()) as pool:
         itl_job = pool.submit(_itl, df)
         steady_job = pool.submit(steady_state, df, seed=run.meta.seed)
         trees_job = pool.submit(_trees, df)
-        turn_job = pool.submit(by_turn, df, lru)
-        depth_job = pool.submit(by_depth, df, lru)
+        turn, depth = by_turn_and_depth(df, lru)
         lag = m.dispatch_lag_ms(df)
         tpot = m.describe(m.tpot_ms(df))
         itl_figures, spread_figures, coalesced = itl_job.result()
@@ -303,8 +304,8 @@ def summarize(
             cache_hit_rate=rates,
             cache_misses=miss_impact(per_request, tolerance_tokens=tolerance),
             session_trees=trees_job.result(),
-            by_turn=turn_job.result(),
-            by_depth=depth_job.result(),
+            by_turn=turn,
+            by_depth=depth,
             goodput=m.goodput(df, slo) if slo is not None else None,
             gpus=gpus,
             client_check=_client_check(run),

@@ -58,8 +58,12 @@ def block_ideal_hit_rate(df: pd.DataFrame, block_tokens: int | None) -> float:
         return math.nan
     keep = m.measured_ok(df)
     prompt = m.server_prompt(df)[keep]
-    ideal = np.minimum(m.column(df, "ideal_cached_tokens")[keep], prompt - 1)
-    hits = np.floor(np.maximum(ideal, 0) / block_tokens) * block_tokens
+    hits = m.column(df, "ideal_cached_tokens")[keep]  # a copy: worked in place
+    np.minimum(hits, prompt - 1, out=hits)
+    np.maximum(hits, 0, out=hits)
+    np.divide(hits, block_tokens, out=hits)
+    np.floor(hits, out=hits)
+    hits *= block_tokens
     return m.hit_rate(hits, prompt)
 
 

@@ -1,9 +1,10 @@
 """Benchmark: summarize() on N synthetic request rows (default 10M), against a
 naive pandas implementation of the same headline figures.
 
-    /work/venv/bin/python bench/bench_analysis.py [--rows 10000000]
+    python bench/bench_analysis.py [--rows 10000000] [--repeats 3] [--no-baseline]
 
-Prints wall time and peak RSS. Rows: 50 requests per session, every other session a
+Prints wall time and peak RSS of each run and the medians (summarize and the
+baseline alternate). Rows: 50 requests per session, every other session a
 subagent of the one before it, 4 content chunks per request (some arriving two in one
 network read: 0 ns gaps), 3% errors, 5% warm-up.
 """
@@ -14,6 +15,7 @@ import argparse
 import os
 import platform
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -145,6 +147,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     _say(
         f"machine: {os.cpu_count()} CPUs, {_cpu_model()}; "
@@ -160,23 +163,33 @@ def main() -> None:
     )
     empty = pd.DataFrame(columns=["scrape_ns", "metric", "labels", "value"])
     run = Run(path=Path("synthetic"), requests=df, meta=RunMeta(), server_metrics=empty)
-    t = time.perf_counter()
-    s = summarize(run, gpus=8).as_dict()
-    ours = time.perf_counter() - t
-    _say(
-        f"summarize(): {ours:.2f} s, peak RSS {_rss_mb():,.0f} MiB "
-        f"(TTFT p90 {s['ttft_ms']['p90']:.1f} ms, "
-        f"{s['itl_ms']['count']:,} ITL gaps, {s['session_trees']['trees']:,} trees)"
-    )
-    if not args.no_baseline:
+    ours_s: list[float] = []
+    base_s: list[float] = []
+    for rep in range(args.repeats):  # alternated: the box's noise hits both alike
         t = time.perf_counter()
-        b = naive(df)
-        base = time.perf_counter() - t
+        s = summarize(run, gpus=8).as_dict()
+        ours_s.append(time.perf_counter() - t)
         _say(
-            f"naive pandas baseline (fewer figures): {base:.2f} s, peak RSS "
-            f"{_rss_mb():,.0f} MiB (TTFT p90 {b['ttft_ns'] / 1e6:.1f} ms)"
+            f"summarize() run {rep + 1}: {ours_s[-1]:.2f} s, peak RSS "
+            f"{_rss_mb():,.0f} MiB (TTFT p90 {s['ttft_ms']['p90']:.1f} ms, "
+            f"{s['itl_ms']['count']:,} ITL gaps, "
+            f"{s['session_trees']['trees']:,} trees)"
         )
-        _say(f"baseline time / ours: {base / ours:.2f}")
+        if not args.no_baseline:
+            t = time.perf_counter()
+            b = naive(df)
+            base_s.append(time.perf_counter() - t)
+            _say(
+                f"naive pandas baseline (fewer figures) run {rep + 1}: "
+                f"{base_s[-1]:.2f} s, peak RSS {_rss_mb():,.0f} MiB "
+                f"(TTFT p90 {b['ttft_ns'] / 1e6:.1f} ms)"
+            )
+    ours = statistics.median(ours_s)
+    _say(f"summarize() median of {args.repeats}: {ours:.2f} s")
+    if base_s:
+        base = statistics.median(base_s)
+        _say(f"naive baseline median of {args.repeats}: {base:.2f} s")
+        _say(f"baseline time / ours (medians): {base / ours:.2f}")
 
 
 if __name__ == "__main__":
