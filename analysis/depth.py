@@ -143,9 +143,17 @@ def _turn_groups(df: pd.DataFrame) -> tuple[npt.NDArray[np.int64], dict[int, str
     return groups, {k: _bucket_label(k) for k in range(int(groups.max(initial=0)) + 1)}
 
 
+# Depths up to this are their own group number; any other (a negative or huge
+# agent_depth from a foreign writer) is numbered by its rank among the depths.
+_DENSE_DEPTHS = 2**15
+
+
 def _depth_groups(df: pd.DataFrame) -> tuple[npt.NDArray[np.int64], dict[int, str]]:
-    groups = np.nan_to_num(m.column(df, "agent_depth"), nan=0.0).astype(np.int64)
-    return groups, {k: str(k) for k in range(int(groups.max(initial=0)) + 1)}
+    depth = np.nan_to_num(m.column(df, "agent_depth"), nan=0.0).astype(np.int64)
+    if depth.min(initial=0) >= 0 and depth.max(initial=0) < _DENSE_DEPTHS:
+        return depth, {k: str(k) for k in range(int(depth.max(initial=0)) + 1)}
+    values, groups = np.unique(depth, return_inverse=True)
+    return groups.astype(np.int64), {k: str(v) for k, v in enumerate(values.tolist())}
 
 
 def by_turn(

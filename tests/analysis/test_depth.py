@@ -13,8 +13,8 @@ import pytest
 
 from analysis import metrics as m
 from analysis.depth import by_depth, by_turn, turn_bucket
-from analysis.load import load_run
-from replayer.records import RequestRecord
+from analysis.load import load_run, records_frame
+from replayer.records import RequestRecord, records_to_table
 
 MS = 1_000_000
 
@@ -86,3 +86,27 @@ def test_depth_tables_in_analyze_json_and_text(
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "turn" in text
     assert "subagent depth" in text
+
+
+@pytest.mark.parametrize("depths", [[0, -1, 2, -1], [0, 1, 2**31 - 1, 1]])
+def test_depth_table_takes_any_agent_depth(
+    rec: Callable[..., RequestRecord], depths: list[int]
+) -> None:
+    """A negative or huge agent_depth (a foreign writer's) is a group of its own, in
+    order, as np.unique gave them (was: ValueError from np.bincount on a negative
+    depth, and arrays and a label dict as long as the largest depth)."""
+    rows = [
+        rec(session_id=f"s{i}", agent_depth=d, request_index=0, ttft_ns=(i + 1) * MS,
+            e2e_ns=10 * MS, prompt_tokens=100, ideal_cached_tokens=10 * i)
+        for i, d in enumerate(depths)
+    ]  # fmt: skip
+    df = m.numeric_view(records_frame(records_to_table(rows)))
+    table = {r["group"]: r for r in by_depth(df)}
+    assert list(table) == [str(d) for d in sorted(set(depths))]
+    for d in set(depths):
+        mine = [i for i, x in enumerate(depths) if x == d]
+        assert table[str(d)]["requests"] == len(mine)
+        assert table[str(d)]["hit_rate_ideal"] == sum(10 * i for i in mine) / (
+            100 * len(mine)
+        )
+        assert table[str(d)]["ttft_ms_p50"] == np.percentile([i + 1 for i in mine], 50)
