@@ -126,8 +126,9 @@ def has_status(df: pd.DataFrame, *statuses: str) -> npt.NDArray[np.bool_]:
 def measured_ok(df: pd.DataFrame) -> npt.NDArray[np.bool_]:
     """The latency population: ``status == "ok"`` and not warm-up (a fresh array:
     callers may narrow it in place)."""
-    if MEASURED_OK in df.columns:  # numeric_view's, filtered along with the rows
-        return df[MEASURED_OK].to_numpy(dtype=bool, copy=True)
+    flag = df[MEASURED_OK] if MEASURED_OK in df.columns else None
+    if flag is not None and flag.dtype == bool:  # numeric_view's, rows filtered alike
+        return flag.to_numpy(dtype=bool, copy=True)  # (not after a concat with NaN)
     return has_status(df, "ok") & ~is_warmup(df)
 
 

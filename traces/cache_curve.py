@@ -22,14 +22,16 @@ budget (the tests check this).
 cache keeps the C blocks whose next use is soonest (ties: the one nearer the start of
 the request that uses it), dropping blocks that are never used again. Only blocks of
 the leading seen run of their next request are kept (others cannot hit under the prefix
-rule). It maximizes the number of block hits among all policies under this model
-(LRU's hits are such a schedule), so Belady >= LRU, except that hit tokens weigh a
-partial last block less; the kept blocks of a request always form a prefix of it, so
-the prefix rule costs Belady nothing. Belady is simulated once per budget (a heap of
-reuse groups: blocks that move together from one request to their next). An id that a
-request repeats (``[1, 1]``; chained prefix hashes never do) is one block: held once,
-and its later positions hit whenever the leading run reaches them, as ``lru_hits``
-counts them.
+rule). With chained hash ids (equal id => equal prefix, as real traces have) it
+maximizes the number of block hits among all policies under this model (LRU's hits are
+such a schedule), so Belady >= LRU, except that hit tokens weigh a partial last block
+less; the kept blocks of a request always form a prefix of it, so the prefix rule costs
+Belady nothing. With ids that do not chain (arbitrary or repeated inside a request) it
+stays >= LRU (the tests draw such orders) but is a heuristic, not the exact optimum.
+Belady is simulated once per budget (a heap of reuse groups: blocks that move together
+from one request to their next). An id that a request repeats (``[1, 1]``; chained
+prefix hashes never do) is one block: held once, and its later positions hit whenever
+the leading run reaches them, as ``lru_hits`` counts them.
 
 **Ceiling.** The infinite budget: ``traces.stats.ideal_hit_tokens``, the ideal hit
 ``trace stats`` reports. With chained hash ids (equal id ⇒ equal prefix) a request's

@@ -331,3 +331,18 @@ def test_itl_and_spread_match_their_definitions_row_by_row(
     assert spread.tolist() == want_spread
     assert m.itl_ms(df).tolist() == want_gaps
     assert m.itl_spread_ms(df).tolist() == want_spread
+
+
+def test_measured_ok_recomputes_when_the_view_column_is_not_plain_bool(
+    rec: Callable[..., RequestRecord],
+) -> None:
+    """numeric_view's ``measured_ok`` column is read only while it is plain bool: after
+    a concat with rows that lack it (NaN there), the population comes from status and
+    warm-up again."""
+    raw = records_frame(
+        records_to_table([rec(request_index=0), rec(request_index=1, status="timeout")])
+    )
+    view = m.numeric_view(raw)
+    assert m.measured_ok(view).tolist() == [True, False]
+    mixed = pd.concat([view, raw.assign(warmup=[True, False])], ignore_index=True)
+    assert m.measured_ok(mixed).tolist() == [True, False, False, False]
