@@ -73,38 +73,28 @@ def _rows(
     n = int(g.max()) + 1
     count = np.bincount(g, minlength=n)
 
-    def known(values: FloatArray) -> tuple[npt.NDArray[np.int64], FloatArray]:
-        """(groups, values) of the rows whose value is known (not NaN): no copy
-        when every row knows it."""
+    def rates(values: FloatArray, prompt: FloatArray | None) -> list[float]:
+        """Per group, Σ values / Σ prompt (NaN prompts as 0) over the rows whose
+        value is known (not NaN): :func:`metrics.hit_rate`; with no ``prompt``, the
+        mean of the known values. NaN where nothing is known. Token counts are
+        whole numbers, so these sums are exact in any order."""
         nan = np.isnan(values)
-        if not nan.any():
-            return g, values
-        return g[~nan], values[~nan]
+        known = ~nan if nan.any() else None
+        gk, v = (g, values) if known is None else (g[known], values[known])
+        if prompt is None:
+            den = np.bincount(gk, minlength=n)
+        else:
+            p = prompt if known is None else prompt[known]
+            p_nan = np.isnan(p)
+            den = np.bincount(
+                gk, weights=np.where(p_nan, 0.0, p) if p_nan.any() else p, minlength=n
+            )
+        num = np.bincount(gk, weights=v, minlength=n)
+        return [
+            float(x / d) if d > 0 else math.nan for x, d in zip(num, den, strict=True)
+        ]
 
-    def by_group(values: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """(Σ, rows) of the known values per group. Token counts are whole
-        numbers, so these sums are exact in any order."""
-        gk, v = known(values)
-        return (
-            np.bincount(gk, weights=v, minlength=n).astype(float),
-            np.bincount(gk, minlength=n).astype(float),
-        )
-
-    def rates(hits: FloatArray, prompt: FloatArray) -> list[float]:
-        """:func:`metrics.hit_rate` per group: Σ hits / Σ prompt (NaN prompts as 0)
-        over the rows whose hits are known."""
-        nan = np.isnan(hits)
-        gk, h, p = (
-            (g, hits, prompt) if not nan.any() else (g[~nan], hits[~nan], prompt[~nan])
-        )
-        p_nan = np.isnan(p)
-        if p_nan.any():
-            p = np.where(p_nan, 0.0, p)
-        num = np.bincount(gk, weights=h, minlength=n)
-        den = np.bincount(gk, weights=p, minlength=n)
-        return [x / d if d > 0 else math.nan for x, d in zip(num, den, strict=True)]
-
-    prompt_sum, prompt_rows = by_group(cols.prompt)
+    prompt_mean = rates(cols.prompt, None)
     server = rates(cols.cached, cols.server_prompt)
     ideal = rates(cols.ideal, cols.prompt)
     lru_rates = rates(cols.lru, cols.prompt) if cols.lru is not None else None
@@ -126,9 +116,7 @@ def _rows(
             "ttft_ms_p90": p90,
             "e2e_ms_p50": e50,
             "e2e_ms_p90": e90,
-            "prompt_tokens_mean": float(prompt_sum[k] / prompt_rows[k])
-            if prompt_rows[k]
-            else math.nan,
+            "prompt_tokens_mean": prompt_mean[k],
             "hit_rate_server": server[k],
             "hit_rate_ideal": ideal[k],
         }

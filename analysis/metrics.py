@@ -254,7 +254,8 @@ def itl_ms(df: pd.DataFrame) -> FloatArray:
     fewer than two chunks contributes no gap. A chunk carrying several tokens counts
     as one gap (what a user sees).
     """
-    return itl_and_spread_ms(df)[0]
+    gaps: FloatArray = _kept_gaps(df)[0] / _NS_PER_MS
+    return gaps
 
 
 def itl_coalesced_share(df: pd.DataFrame, itl: FloatArray | None = None) -> float:

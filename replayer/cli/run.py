@@ -359,21 +359,6 @@ def _ratio_option(
     return lo, hi
 
 
-# Option name → the ReplayConfig/profile key it takes its --profile default from.
-_PROFILE_OPTIONS = {
-    "start_ratio": "start_ratio",
-    "cache_warmup_s": "cache_warmup_s",
-    "duration_s": "duration_s",
-    "idle_skip_s": "idle_skip_s",
-    "loop": "loop",
-    "on_error": "on_error",
-    "think_scale": "think_scale",
-    "max_error_rate": "max_error_rate",
-    "api": "api",
-    "replay_markers": "replay_markers",
-}
-
-
 def apply_profile(opts: dict[str, Any]) -> dict[str, Any]:
     """``opts`` with ``--profile``'s defaults in place of every option the user
     left at its default (an explicit flag, or its environment variable, wins)."""
@@ -393,9 +378,9 @@ def apply_profile(opts: dict[str, Any]) -> dict[str, Any]:
         click.core.ParameterSource.ENVIRONMENT,
     )
     out = dict(opts)
-    for name, key in _PROFILE_OPTIONS.items():
+    for name, default in AGENTX_DEFAULTS.items():  # keys: the option names
         if ctx.get_parameter_source(name) not in explicit:
-            out[name] = AGENTX_DEFAULTS[key]
+            out[name] = default
     return out
 
 
@@ -417,10 +402,9 @@ def _labels(opts: dict[str, Any]) -> dict[str, Any]:
         "ep": opts["ep"],
         "gpus": opts["gpus"],
     }
-    for name in ("hardware", "precision", "pp", "disagg", "kv_offload"):
-        if opts.get(name) is not None:
-            labels[name] = opts[name]
-    for name in ("spec_decode", "router"):
+    for name in (
+        "hardware", "precision", "pp", "disagg", "kv_offload", "spec_decode", "router"
+    ):  # fmt: skip
         if opts.get(name) is not None:
             labels[name] = opts[name]
     for item in opts["labels"]:
