@@ -59,8 +59,9 @@ class Summary:
     by_depth: list[dict[str, Any]]  # per subagent depth: the same
     goodput: dict[str, Any] | None = None
     gpus: int | None = None
-    # The client's self-check (run.json), with pool waits from the rows: limited,
-    # reasons, loop_lag_ms, loop_cpu_share, pool_wait_ms. None: not recorded.
+    # The client's self-check (run.json), with connection waits from the rows:
+    # limited, reasons, server_notes, loop_lag_ms, loop_cpu_share, pool_wait_ms,
+    # slot_wait_ms, connect_ms. None: not recorded.
     client_check: dict[str, Any] | None = None
     # The AgentX verdict (analysis.validity): valid, invalid_reasons, window, gates.
     validity: dict[str, Any] | None = None
@@ -145,19 +146,22 @@ def _run_info(run: Run) -> dict[str, Any]:
 
 
 def _client_check(run: Run) -> dict[str, Any] | None:
-    """run.json's self-check verdict, with the pool waits of the rows (ms)."""
+    """run.json's self-check verdict, with the connection waits of the rows (ms):
+    ``pool_wait_ms`` (both parts), ``slot_wait_ms`` and ``connect_ms``."""
     recorded = run.meta.client_check
     df = run.requests
-    waits = (
-        m.column(df, "pool_wait_ns") / 1e6
-        if "pool_wait_ns" in df.columns
-        else np.array([])
-    )
-    if recorded is None and not np.isfinite(waits).any():
+    waits = {
+        f"{name[:-3]}_ms": (
+            m.column(df, name) / 1e6 if name in df.columns else np.array([])
+        )
+        for name in ("pool_wait_ns", "slot_wait_ns", "connect_ns")
+    }
+    if recorded is None and not np.isfinite(waits["pool_wait_ms"]).any():
         return None
     out = dict(recorded or {"limited": None, "reasons": []})
     out.pop("workers", None)
-    out["pool_wait_ms"] = m.describe(waits)
+    out.setdefault("server_notes", [])  # a run.json from before they were kept
+    out.update({key: m.describe(values) for key, values in waits.items()})
     return out
 
 

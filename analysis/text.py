@@ -121,15 +121,26 @@ ROWS: tuple[tuple[str, Getter, str], ...] = (
         _get("client_check", "loop_cpu_share", "p50"),
         "pct",
     ),
-    ("client: pool wait p99 (ms)", _get("client_check", "pool_wait_ms", "p99"), "num"),
+    (
+        "pool wait p99 (slot + connect, ms)",
+        _get("client_check", "pool_wait_ms", "p99"),
+        "num",
+    ),
+    ("client: slot wait p99 (ms)", _get("client_check", "slot_wait_ms", "p99"), "num"),
+    ("server: connect p99 (ms)", _get("client_check", "connect_ms", "p99"), "num"),
 )
 
 
 def client_notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
-    """One plain line per run that the client, not the server, limited."""
+    """One plain line per run that the client, not the server, limited; one per
+    thing the server did that the self-check saw (a slow accept), said as the
+    server's."""
     notes = []
     for s in summaries:
         check = s.get("client_check") or {}
+        notes += [
+            f"{s['run']['name']}: {note}" for note in check.get("server_notes") or ()
+        ]
         if check.get("limited"):
             notes.append(
                 f"{s['run']['name']}: CLIENT-LIMITED: the replayer, not the server, "

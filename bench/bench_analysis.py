@@ -96,6 +96,8 @@ def synthetic_table(n: int, seed: int = 0) -> pa.Table:
         "error_message": pa.nulls(n, pa.string()),
         "retries": pa.array(np.zeros(n, np.int32)),
         "pool_wait_ns": pa.array(rng.integers(0, MS // 10, n)),
+        "slot_wait_ns": pa.array(np.zeros(n, np.int64)),
+        "connect_ns": null_i64,  # = pool_wait_ns, below
         "inflight_at_send": pa.array(np.zeros(n, np.int32)),
         "lanes_at_send": pa.array(np.zeros(n, np.int32)),
         "warmup": pa.array(np.arange(n) < n // 20),
@@ -103,6 +105,7 @@ def synthetic_table(n: int, seed: int = 0) -> pa.Table:
         "replay_index": pa.array(np.zeros(n, np.int32)),
         "live_drift_tokens": null_i64,
     }  # fmt: skip
+    cols["connect_ns"] = cols["pool_wait_ns"]  # after the draws: same data as before
     assert list(cols) == RECORD_SCHEMA.names
     return pa.table(cols)
 

@@ -51,9 +51,29 @@ class Outcome:
     error_message: str | None = None
     retries: int = 0
     finish_reason: str | None = None
-    pool_wait_ns: int = 0  # waiting for a free pool slot + opening a connection
-    _pool_since_ns: int = 0  # set by the connector's trace while it waits
+    # Getting a connection: pool_wait_ns = slot_wait_ns + connect_ns. The two parts
+    # are None when the client does not measure them (a fake or in-process client).
+    pool_wait_ns: int = 0
+    slot_wait_ns: int | None = None  # queued for a free slot under the client's cap
+    connect_ns: int | None = None  # opening a new connection (the server accepting)
+    _slot_since_ns: int = 0  # set by the connector's trace while it queues
+    _connect_since_ns: int = 0  # ... and while it connects
     text: list[str] | None = None  # the reply's text, collected when not None
+
+    def end_phase(self, now_ns: int) -> None:
+        """Close the open slot wait or connect at ``now_ns``: the connector's end
+        signal, or the attempt's end when a connect failed or was cancelled (aiohttp
+        then sends no end signal, and the time spent is the server's all the same)."""
+        if self._slot_since_ns:
+            waited = now_ns - self._slot_since_ns
+            self.slot_wait_ns = (self.slot_wait_ns or 0) + waited
+            self.pool_wait_ns += waited
+            self._slot_since_ns = 0
+        if self._connect_since_ns:
+            waited = now_ns - self._connect_since_ns
+            self.connect_ns = (self.connect_ns or 0) + waited
+            self.pool_wait_ns += waited
+            self._connect_since_ns = 0
 
     def fail(self, status: Status, error_type: str, message: str) -> None:
         self.status = status
@@ -128,29 +148,38 @@ class Client:
         return self
 
     def _pool_trace(self) -> aiohttp.TraceConfig:
-        """The connector's own signals, per request: how long it waited for a slot
-        in the pool and for a new connection (``Outcome.pool_wait_ns``)."""
+        """The connector's own signals, per request: how long it queued for a free
+        slot under the connector's limit (``Outcome.slot_wait_ns``) and how long a new
+        connection took to open (``Outcome.connect_ns``); a server slow to accept
+        shows in the second only."""
         clock = self.clock
 
-        async def begin(
+        def outcome(ctx: SimpleNamespace) -> Outcome | None:
+            out = ctx.trace_request_ctx
+            return out if isinstance(out, Outcome) else None
+
+        async def queued(
             session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
         ) -> None:
-            out = ctx.trace_request_ctx
-            if isinstance(out, Outcome):
-                out._pool_since_ns = clock.now_ns()
+            if (out := outcome(ctx)) is not None:
+                out._slot_since_ns = clock.now_ns()
+
+        async def connecting(
+            session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
+        ) -> None:
+            if (out := outcome(ctx)) is not None:
+                out._connect_since_ns = clock.now_ns()
 
         async def end(
             session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
         ) -> None:
-            out = ctx.trace_request_ctx
-            if isinstance(out, Outcome) and out._pool_since_ns:
-                out.pool_wait_ns += clock.now_ns() - out._pool_since_ns
-                out._pool_since_ns = 0
+            if (out := outcome(ctx)) is not None:
+                out.end_phase(clock.now_ns())
 
         trace = aiohttp.TraceConfig()
-        trace.on_connection_queued_start.append(begin)
+        trace.on_connection_queued_start.append(queued)
         trace.on_connection_queued_end.append(end)
-        trace.on_connection_create_start.append(begin)
+        trace.on_connection_create_start.append(connecting)
         trace.on_connection_create_end.append(end)
         return trace
 
@@ -222,6 +251,9 @@ class Client:
         failures are recorded, not raised. Cancelled, it re-raises, and ``out``
         keeps the send time, the first token and the chunks received so far."""
         out = out if out is not None else Outcome()
+        # Measured from here on: zero unless the connector queues or connects.
+        out.slot_wait_ns = out.slot_wait_ns or 0
+        out.connect_ns = out.connect_ns or 0
         for attempt in range(2):
             out.start_ns = self.clock.now_ns()
             try:
@@ -244,6 +276,8 @@ class Client:
                 out.end_ns = self.clock.now_ns()
                 out.fail("cancelled", "CancelledError", "cancelled")
                 raise
+            finally:
+                out.end_phase(self.clock.now_ns())
             break
         out.end_ns = self.clock.now_ns()
         return out

@@ -34,8 +34,13 @@ class RunCounters:
     recent_ttfts_ns: collections.deque[int] = field(
         default_factory=lambda: collections.deque(maxlen=_RECENT_TTFTS)
     )
-    # Each sent request's wait for a pooled connection (the self-check's P99).
+    # Each sent request's wait for a pooled connection ...
     pool_waits_ns: array.array[int] = field(default_factory=lambda: array.array("q"))
+    # ... and its two parts, where the client measures them (same order, both
+    # arrays or neither): queued for a slot (the self-check's P99: the client's
+    # own cap) and connecting (the server's accept: reported, never flagged).
+    slot_waits_ns: array.array[int] = field(default_factory=lambda: array.array("q"))
+    connects_ns: array.array[int] = field(default_factory=lambda: array.array("q"))
     # ... and how late it was sent: start_ns - scheduled_ns (same order).
     dispatch_lags_ns: array.array[int] = field(default_factory=lambda: array.array("q"))
     client_limit: str | None = None  # the self-check's latest reason, if any

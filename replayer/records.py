@@ -62,7 +62,13 @@ class RequestRecord:
     error_type: str | None = None
     error_message: str | None = None
     retries: int = 0  # connection attempts retried before any byte was sent
-    pool_wait_ns: int | None = None  # waiting for a pooled connection; None: not sent
+    # Getting a connection, = slot_wait_ns + connect_ns; None: not sent.
+    pool_wait_ns: int | None = None
+    # Its parts (None: not sent, or a client that does not measure them): queued
+    # for a free slot under the client's own cap, and opening a new connection
+    # (the server's accept: a slow-accepting server shows here, not above).
+    slot_wait_ns: int | None = None
+    connect_ns: int | None = None
     inflight_at_send: int = 0  # requests in flight (all workers' view of this one)
     lanes_at_send: int = 0  # live session trees when it was sent
     warmup: bool = False  # started inside the warm-up window
@@ -105,6 +111,8 @@ RECORD_SCHEMA = pa.schema(
         ("error_message", pa.string()),
         ("retries", pa.int32()),
         ("pool_wait_ns", pa.int64()),
+        ("slot_wait_ns", pa.int64()),
+        ("connect_ns", pa.int64()),
         ("inflight_at_send", pa.int32()),
         ("lanes_at_send", pa.int32()),
         ("warmup", pa.bool_()),

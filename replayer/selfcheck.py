@@ -1,13 +1,14 @@
 """The client's self-check: whether the replayer, not the server, limited a run.
 
-Each process (one process, a ``--workers`` worker, a Ray actor) measures three things
-while it replays: its event loop's lag (a timer's actual wake-up minus its scheduled
-one: every stamp the loop takes is late by as much), the CPU its loop thread uses
-(of one core: a loop cannot use more), and each request's wait for a connection from
-the pool (the ``pool_wait_ns`` column, measured by the client) and how late it was
-sent (``start_ns - scheduled_ns``). Past a limit, the
-status line says so while the run goes on, and ``run.json`` ``client_check`` says so
-after: ``limited`` and one plain reason per limit crossed.
+Each process (one process, a ``--workers`` worker, a Ray actor) measures while it
+replays: its event loop's lag (a timer's actual wake-up minus its scheduled one: every
+stamp the loop takes is late by as much), the CPU its loop thread uses (of one core: a
+loop cannot use more), each request's wait for a free connection slot under the
+client's own cap (``slot_wait_ns``) and how late it was sent (``start_ns -
+scheduled_ns``). Past a limit, the status line says so while the run goes on, and
+``run.json`` ``client_check`` says so after: ``limited`` and one plain reason per limit
+crossed. The time a new connection takes to open (``connect_ns``: the server's accept)
+is the server's: reported in ``server_notes`` when slow, never a reason.
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ class SelfCheckLimits:
     # Median 1-s window of the loop thread's CPU, of one core: a loop this busy has
     # no slack left, whatever its lag so far.
     loop_cpu_share: float = 0.9
-    # Requests waiting this long for a connection: the pool, not the server.
-    pool_wait_p99_ms: float = 10.0
+    # Requests queued this long for a free slot under the client's own cap (the
+    # connector's limit, --max-inflight): the client, not the server.
+    slot_wait_p99_ms: float = 10.0
+    # New connections this slow to open: the server is slow to accept (its listen
+    # backlog full, SYNs held or dropped). Said, not flagged: the server's time.
+    connect_p99_ms: float = 10.0
     # Requests sent this late after their due time (start_ns - scheduled_ns): an
     # open-loop schedule the client cannot keep up with.
     dispatch_lag_p99_ms: float = 50.0
@@ -58,13 +63,20 @@ class ClientCheck:
     loop_lag_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max
     loop_cpu_share: dict[str, float] = field(default_factory=dict)  # p50, p90, max
     process_cpu_cores: dict[str, float] = field(default_factory=dict)  # p50, max
-    pool_wait_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max
+    # Getting a connection (p50, p99, max): both parts together, then each.
+    pool_wait_ms: dict[str, float] = field(default_factory=dict)
+    slot_wait_ms: dict[str, float] = field(default_factory=dict)
+    connect_ms: dict[str, float] = field(default_factory=dict)
     dispatch_lag_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max
     limits: dict[str, float] = field(default_factory=dict)
+    # What the server did that a reader could take for the client: one sentence
+    # each (a server slow to accept connections). Never makes the run ``limited``.
+    server_notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["reasons"] = list(self.reasons)
+        d["server_notes"] = list(self.server_notes)
         return d
 
 
@@ -84,7 +96,7 @@ def _p99_ms(values: Any, least: int = 1) -> float | None:
 def _reasons(
     lag_p99_ms: float | None,
     cpu_p50: float | None,
-    pool_p99_ms: float | None,
+    slot_p99_ms: float | None,
     dispatch_p99_ms: float | None,
     limits: SelfCheckLimits,
 ) -> list[str]:
@@ -98,10 +110,10 @@ def _reasons(
             f"event-loop thread at {cpu_p50:.0%} of a core "
             f"(>= {limits.loop_cpu_share:.0%})"
         )
-    if pool_p99_ms is not None and pool_p99_ms > limits.pool_wait_p99_ms:
+    if slot_p99_ms is not None and slot_p99_ms > limits.slot_wait_p99_ms:
         reasons.append(
-            f"connection-pool wait P99 {pool_p99_ms:,.1f} ms "
-            f"> {limits.pool_wait_p99_ms:g} ms"
+            f"connection-slot wait P99 {slot_p99_ms:,.1f} ms "
+            f"> {limits.slot_wait_p99_ms:g} ms (the client's own connection cap)"
         )
     if dispatch_p99_ms is not None and dispatch_p99_ms > limits.dispatch_lag_p99_ms:
         reasons.append(
@@ -109,6 +121,15 @@ def _reasons(
             f"> {limits.dispatch_lag_p99_ms:g} ms"
         )
     return reasons
+
+
+def _server_notes(connect_p99_ms: float | None, limits: SelfCheckLimits) -> list[str]:
+    if connect_p99_ms is not None and connect_p99_ms > limits.connect_p99_ms:
+        return [
+            f"server slow to accept connections: connect P99 {connect_p99_ms:,.1f} ms "
+            f"> {limits.connect_p99_ms:g} ms (the server's time, not the client's)"
+        ]
+    return []
 
 
 class LoopMonitor:
@@ -138,7 +159,9 @@ class LoopMonitor:
         clock = self.clock
         window_start = clock.now_ns()
         measured_from = window_start + self.warmup_ns
-        lag_from, sent_from = 0, len(self.counters.pool_waits_ns)
+        c = self.counters
+        lag_from, sent_from = 0, len(c.dispatch_lags_ns)
+        slot_from = len(c.slot_waits_ns)
         cpu0, proc0 = thread_cpu_ns(), process_cpu_ns()
         due = window_start + _TICK_NS
         while not stop.is_set():
@@ -156,12 +179,11 @@ class LoopMonitor:
                 if window_start >= measured_from:
                     self.loop_cpu.append(cpu)
                     self.process_cpu.append((proc1 - proc0) / wall)
-                c = self.counters
                 self._live.append(
                     _reasons(
                         _p99_ms(self.lags_ns[lag_from:]),
                         cpu,
-                        _p99_ms(c.pool_waits_ns[sent_from:], _MIN_REQUESTS),
+                        _p99_ms(c.slot_waits_ns[slot_from:], _MIN_REQUESTS),
                         _p99_ms(c.dispatch_lags_ns[sent_from:], _MIN_REQUESTS),
                         self.limits,
                     )
@@ -170,19 +192,18 @@ class LoopMonitor:
                     (r[0] for r in reversed(self._live) if r), None
                 )
                 window_start, cpu0, proc0 = now, cpu1, proc1
-                lag_from, sent_from = len(self.lags_ns), len(c.pool_waits_ns)
+                lag_from, sent_from = len(self.lags_ns), len(c.dispatch_lags_ns)
+                slot_from = len(c.slot_waits_ns)
 
     def check(self) -> ClientCheck:
         """The verdict over the whole run so far."""
         lag = _stats(self.lags_ns, (50, 99), 1e6)
         cpu = _stats(self.loop_cpu, (50, 90), 1.0)
-        pool = _stats(self.counters.pool_waits_ns, (50, 99), 1e6)
-        dispatch = _stats(self.counters.dispatch_lags_ns, (50, 99), 1e6)
         c = self.counters
         reasons = _reasons(
             lag.get("p99"),
             cpu.get("p50"),
-            _p99_ms(c.pool_waits_ns, _MIN_REQUESTS),
+            _p99_ms(c.slot_waits_ns, _MIN_REQUESTS),
             _p99_ms(c.dispatch_lags_ns, _MIN_REQUESTS),
             self.limits,
         )
@@ -192,26 +213,37 @@ class LoopMonitor:
             loop_lag_ms=lag,
             loop_cpu_share=cpu,
             process_cpu_cores=_stats(self.process_cpu, (50,), 1.0),
-            pool_wait_ms=pool,
-            dispatch_lag_ms=dispatch,
+            pool_wait_ms=_stats(c.pool_waits_ns, (50, 99), 1e6),
+            slot_wait_ms=_stats(c.slot_waits_ns, (50, 99), 1e6),
+            connect_ms=_stats(c.connects_ns, (50, 99), 1e6),
+            dispatch_lag_ms=_stats(c.dispatch_lags_ns, (50, 99), 1e6),
             limits=asdict(self.limits),
+            server_notes=tuple(
+                _server_notes(_p99_ms(c.connects_ns, _MIN_REQUESTS), self.limits)
+            ),
         )
 
 
 def merge_checks(checks: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """Several processes' ``client_check`` as one: limited when any was, each
-    reason naming its worker, every figure the worst worker's; the workers' own
-    under ``workers``."""
+    reason and server note naming its worker, every figure the worst worker's; the
+    workers' own under ``workers``."""
     if not checks:
         return None
     merged: dict[str, Any] = {
         "limited": any(c.get("limited") for c in checks.values()),
-        "reasons": [
-            f"worker {k}: {r}" for k, c in sorted(checks.items()) for r in c["reasons"]
-        ],
+        **{
+            key: [
+                f"worker {k}: {r}"
+                for k, c in sorted(checks.items())
+                for r in c.get(key) or ()
+            ]
+            for key in ("reasons", "server_notes")
+        },
     }
-    figures = ("loop_lag_ms", "loop_cpu_share", "process_cpu_cores", "pool_wait_ms")
-    for key in (*figures, "dispatch_lag_ms"):
+    figures = ("loop_lag_ms", "loop_cpu_share", "process_cpu_cores")
+    connection = ("pool_wait_ms", "slot_wait_ms", "connect_ms")
+    for key in (*figures, *connection, "dispatch_lag_ms"):
         stats: dict[str, float] = {}
         for c in checks.values():
             for stat, value in (c.get(key) or {}).items():

@@ -459,6 +459,8 @@ def _fill(ctx: RunContext, rec: RequestRecord, out: Outcome) -> None:
     rec.error_message = out.error_message
     rec.retries = out.retries
     rec.pool_wait_ns = out.pool_wait_ns
+    rec.slot_wait_ns = out.slot_wait_ns
+    rec.connect_ns = out.connect_ns
     rec.server_prompt_tokens = out.server_prompt_tokens
     rec.cached_tokens = out.cached_tokens
     rec.chunk_times_ns = out.chunk_times_ns
@@ -482,6 +484,9 @@ def _fill(ctx: RunContext, rec: RequestRecord, out: Outcome) -> None:
     counters.count(rec.status)
     if not rec.warmup:  # the self-check judges the measured window
         counters.pool_waits_ns.append(out.pool_wait_ns)
+        if out.slot_wait_ns is not None and out.connect_ns is not None:
+            counters.slot_waits_ns.append(out.slot_wait_ns)
+            counters.connects_ns.append(out.connect_ns)
         counters.dispatch_lags_ns.append(max(0, rec.start_ns - rec.scheduled_ns))
     if rec.status == "ok":
         if out.error_type == NOT_STREAMED:

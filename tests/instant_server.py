@@ -54,6 +54,16 @@ def next_request(buf: bytes) -> tuple[bytes, bytes, bytes] | None:
     return head, buf[end + 4 : end + 4 + length], buf[end + 4 + length :]
 
 
+def answer(head: bytes, body: bytes) -> bytes:
+    """The whole response to one request (``next_request``'s head and body)."""
+    if head.startswith(b"get /v1/models"):
+        return _response("200 OK", b"application/json", _MODELS)
+    if head.startswith(b"post "):
+        m = _MAX_TOKENS.search(body)
+        return _stream(int(m.group(1)) if m else 1)
+    return _response("404 Not Found", b"text/plain", b"not found")
+
+
 class _Http(asyncio.Protocol):
     def __init__(self) -> None:
         self.buf = b""
@@ -68,14 +78,7 @@ class _Http(asyncio.Protocol):
         while (request := next_request(self.buf)) is not None:
             head, body, self.buf = request
             assert self.transport is not None
-            if head.startswith(b"get /v1/models"):
-                reply = _response("200 OK", b"application/json", _MODELS)
-            elif head.startswith(b"post "):
-                m = _MAX_TOKENS.search(body)
-                reply = _stream(int(m.group(1)) if m else 1)
-            else:
-                reply = _response("404 Not Found", b"text/plain", b"not found")
-            self.transport.write(reply)
+            self.transport.write(answer(head, body))
 
 
 async def _serve(host: str, port: int) -> None:

@@ -585,6 +585,8 @@ def _gate(summaries: list[RunSummary], max_error_rate: float | None) -> None:
                 "latencies include the client's own delays: add --workers or --ray",
                 err=True,
             )
+        for note in (s.client_check or {}).get("server_notes") or ():
+            click.echo(f"note: {s.run_dir}: {note}", err=True)
     for s in summaries:
         aborted = _aborted(s.run_dir)
         if aborted:

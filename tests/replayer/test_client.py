@@ -235,3 +235,33 @@ async def test_client_check_without_models_route_and_html_errors(
         with pytest.raises(EndpointError) as info:
             await client.check()
     assert str(info.value).endswith("HTTP 503: Service Unavailable")
+
+
+async def test_client_splits_the_pool_wait_into_slot_wait_and_connect(
+    aiohttp_server: Serve,
+) -> None:
+    # One slot, two requests at once: the second queues for the slot (the client's
+    # own cap) while the first opens the connection and waits 200 ms for its first
+    # token; the connection is the server's part, the queueing the client's.
+    server = await aiohttp_server(
+        make_fake_llm_app(FakeLLM(ttft_s=0.2)), host="127.0.0.1"
+    )
+    cfg = EndpointConfig(base_url=f"http://127.0.0.1:{server.port}", model="m")
+    async with (
+        Client(cfg, MonotonicClock(), limit=1) as client,
+        asyncio.TaskGroup() as tg,
+    ):
+        sends = [tg.create_task(client.send(BODY % 2)) for _ in range(2)]
+    outs = [s.result() for s in sends]
+    assert [o.status for o in outs] == ["ok", "ok"]
+    for o in outs:
+        assert o.slot_wait_ns is not None
+        assert o.connect_ns is not None
+        assert o.pool_wait_ns == o.slot_wait_ns + o.connect_ns
+    first, second = sorted(outs, key=lambda o: o.slot_wait_ns or 0)
+    assert first.slot_wait_ns == 0
+    assert first.connect_ns is not None
+    assert first.connect_ns > 0  # a new connection: the server's accept
+    assert second.slot_wait_ns is not None
+    assert second.slot_wait_ns >= 0.15e9  # queued behind the first request
+    assert Outcome().slot_wait_ns is None  # unmeasured (a fake client): null

@@ -5,12 +5,15 @@ while the same run with enough workers (two, on any core) is not."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +24,9 @@ import pytest
 
 from replayer.clock import MonotonicClock
 from replayer.progress import Progress, RunCounters
-from replayer.selfcheck import LoopMonitor, merge_checks
+from replayer.selfcheck import ClientCheck, LoopMonitor, merge_checks
 from tests.builders import growing_session, trace_of
+from tests.instant_server import answer, next_request
 from traces.io import write_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,16 +40,40 @@ def test_selfcheck_verdict_names_each_limit_crossed() -> None:
     monitor.lags_ns.extend([1_000_000] * 98 + [200_000_000] * 2)
     monitor.loop_cpu.extend([0.95, 0.97, 0.2])
     counters.pool_waits_ns.extend([0] * 97 + [30_000_000] * 3)
+    counters.slot_waits_ns.extend([0] * 97 + [30_000_000] * 3)
+    counters.connects_ns.extend([0] * 100)
     counters.dispatch_lags_ns.extend([0] * 100)
     check = monitor.check()
     assert check.limited
     assert [r.split()[0] for r in check.reasons] == [
         "event-loop",
         "event-loop",
-        "connection-pool",
+        "connection-slot",
     ]
     assert check.loop_cpu_share["p50"] == pytest.approx(0.95)
     assert check.dispatch_lag_ms["max"] == 0.0
+    assert check.server_notes == ()
+
+
+def test_selfcheck_slow_connects_are_the_servers_said_not_flagged() -> None:
+    counters = RunCounters()
+    monitor = LoopMonitor(MonotonicClock(), counters)
+    counters.pool_waits_ns.extend([0] * 90 + [1_000_000_000] * 10)
+    counters.slot_waits_ns.extend([0] * 100)
+    counters.connects_ns.extend([0] * 90 + [1_000_000_000] * 10)
+    counters.dispatch_lags_ns.extend([0] * 100)
+    check = monitor.check()
+    assert not check.limited, check.reasons
+    assert check.connect_ms["p99"] == pytest.approx(1000.0)
+    assert check.pool_wait_ms["p99"] == pytest.approx(1000.0)
+    assert check.slot_wait_ms["p99"] == 0.0
+    (note,) = check.server_notes
+    assert note.startswith("server slow to accept connections: connect P99 1,000.0 ms")
+    merged = merge_checks({0: check.as_dict(), 1: ClientCheck(limited=False).as_dict()})
+    assert merged is not None
+    assert merged["limited"] is False
+    assert merged["server_notes"] == [f"worker 0: {note}"]
+    assert merged["connect_ms"]["p99"] == pytest.approx(1000.0)
 
 
 def test_selfcheck_merge_is_the_worst_worker_and_names_it() -> None:
@@ -93,6 +121,23 @@ def _command(trace: Path, url: str, out: Path, *args: str) -> list[str]:
             "--duration", "5", "--out", str(out), "--quiet", *args]  # fmt: skip
 
 
+# Each subprocess is waited for at most this long (a run: start-up, its 6 s or its
+# trace, the end; an analyze), and a test that makes them is given the sum of its
+# waits plus _MARGIN_S as its timeout: a run that overruns fails the test with its
+# own error, its pipes closed, before pytest-timeout would stop it.
+_RUN_WAIT_S = 90
+_ANALYZE_WAIT_S = 30
+_MARGIN_S = 10
+
+
+def _timeout(*, runs: int, analyses: int) -> pytest.MarkDecorator:
+    """The timeout of a test whose path (its fixtures' included) waits for ``runs``
+    runs and ``analyses`` analyses."""
+    return pytest.mark.timeout(
+        runs * _RUN_WAIT_S + analyses * _ANALYZE_WAIT_S + _MARGIN_S
+    )
+
+
 def _run(
     trace: Path, url: str, out: Path, *args: str
 ) -> subprocess.CompletedProcess[str]:
@@ -100,7 +145,7 @@ def _run(
         _command(trace, url, out, *args),
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=_RUN_WAIT_S,
         check=False,
     )
 
@@ -113,31 +158,34 @@ def _run_starved(
     lasts 5)."""
     core = min(os.sched_getaffinity(0))
     pin = functools.partial(os.sched_setaffinity, 0, {core})
-    proc = subprocess.Popen(
+    deadline = time.monotonic() + _RUN_WAIT_S
+    hogs: list[subprocess.Popen[Any]] = []
+    # Leaving the with-block closes the pipes and reaps the run, on every path.
+    with subprocess.Popen(
         _command(trace, url, out, *args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=pin,
-    )
-    hogs: list[subprocess.Popen[Any]] = []
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "run.json").exists() and proc.poll() is None:
-            assert time.monotonic() < deadline, "the run did not start"
-            time.sleep(0.02)
-        spin = (
-            "import time\nend = time.monotonic() + 6\nwhile time.monotonic() < end: 0"
-        )
-        hogs = [
-            subprocess.Popen([sys.executable, "-c", spin], preexec_fn=pin)
-            for _ in range(_HOGS)
-        ]
-        stdout, stderr = proc.communicate(timeout=180)
-    finally:
-        for p in [*hogs, proc]:
-            p.kill()
-            p.wait()
+    ) as proc:
+        try:
+            while not (out / "run.json").exists() and proc.poll() is None:
+                assert time.monotonic() < deadline, "the run did not start"
+                time.sleep(0.02)
+            spin = (
+                "import time\nend = time.monotonic() + 6\n"
+                "while time.monotonic() < end: 0"
+            )
+            hogs = [
+                subprocess.Popen([sys.executable, "-c", spin], preexec_fn=pin)
+                for _ in range(_HOGS)
+            ]
+            left = max(0.0, deadline - time.monotonic())
+            stdout, stderr = proc.communicate(timeout=left)
+        finally:
+            for p in [*hogs, proc]:
+                p.kill()
+                p.wait()
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
@@ -146,6 +194,7 @@ def _analyze(run_dir: Path, *args: str) -> str:
         [*REPLAYER, "analyze", str(run_dir), *args],
         capture_output=True,
         text=True,
+        timeout=_ANALYZE_WAIT_S,
         check=True,
     ).stdout
 
@@ -189,6 +238,8 @@ def _session_rate(trace: Path) -> str:
     return (trace.parent / "rate").read_text()
 
 
+# The fixture's calibration (a run, an analysis) counts in the first test to use it.
+@_timeout(runs=2, analyses=2)
 def test_selfcheck_flags_a_client_overloaded_on_purpose(
     instant_server: str, busy_trace: Path, tmp_path: Path
 ) -> None:
@@ -212,6 +263,7 @@ def test_selfcheck_flags_a_client_overloaded_on_purpose(
 @pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="needs two cores for two workers"
 )
+@_timeout(runs=2, analyses=2)
 def test_selfcheck_same_run_with_enough_workers_is_not_flagged(
     instant_server: str, busy_trace: Path, tmp_path: Path
 ) -> None:
@@ -222,3 +274,81 @@ def test_selfcheck_same_run_with_enough_workers_is_not_flagged(
     check = json.loads(_analyze(tmp_path / "enough", "--json"))["client_check"]
     assert check["limited"] is False, check["reasons"]
     assert check["pool_wait_ms"]["count"] > 0
+
+
+def _serve_slowly(listener: socket.socket, stop: threading.Event) -> None:
+    """Accept one connection every _ACCEPT_EVERY_S, answer its one request (the
+    instant endpoint's reply) and close it; the kernel holds or drops the SYNs
+    of the others meanwhile (backlog 1)."""
+    while not stop.wait(_ACCEPT_EVERY_S):
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        with conn:
+            conn.settimeout(5)
+            buf = b""
+            with contextlib.suppress(OSError):
+                while (request := next_request(buf)) is None:
+                    data = conn.recv(65536)
+                    if not data:
+                        break
+                    buf += data
+                if request is not None:
+                    conn.sendall(answer(*request[:2]))
+
+
+_ACCEPT_EVERY_S = 0.05
+
+
+@pytest.fixture
+def slow_accept_server() -> Iterator[str]:
+    """A server on 127.0.0.1 slow to accept connections on purpose (one thread,
+    listen backlog 1, one accept() every 50 ms): its URL."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(0.2)
+        stop = threading.Event()
+        thread = threading.Thread(target=_serve_slowly, args=(listener, stop))
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+        finally:
+            stop.set()
+            thread.join()
+
+
+@_timeout(runs=1, analyses=2)
+def test_selfcheck_reports_a_server_slow_to_accept_without_flagging_the_client(
+    slow_accept_server: str, tmp_path: Path
+) -> None:
+    # Each request opens a connection (--no-keepalive) that the server is slow to
+    # accept: connect time, the server's, not the client's (whose loop idles).
+    sessions = (growing_session(f"s{k}", 5, out=4) for k in range(32))
+    trace = write_trace(trace_of(*sessions), tmp_path / "t.jsonl")
+    out = tmp_path / "slow"
+    command = [*REPLAYER, "run", str(trace), "--endpoint", slow_accept_server,
+               "--concurrency", "8", "--no-keepalive", "--think-scale", "0",
+               "--warmup", "0", "--out", str(out), "--quiet"]  # fmt: skip
+    run = subprocess.run(
+        command, capture_output=True, text=True, timeout=_RUN_WAIT_S, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert "CLIENT-LIMITED" not in run.stderr, run.stderr
+    assert "server slow to accept connections: connect P99" in run.stderr
+    check = json.loads((out / "run.json").read_text())["client_check"]
+    assert check["limited"] is False, check["reasons"]
+    assert check["connect_ms"]["p99"] > 10
+    assert check["slot_wait_ms"]["p99"] < 10
+    df = pd.read_parquet(out / "requests")
+    sent = df[df["status"] == "ok"]
+    assert len(sent) >= 100  # enough for the self-check to judge a P99
+    assert (sent["pool_wait_ns"] == sent["slot_wait_ns"] + sent["connect_ns"]).all()
+    text = _analyze(out)
+    assert "slow: server slow to accept connections: connect P99" in text
+    assert "server: connect p99 (ms)" in text
+    assert "CLIENT-LIMITED" not in text
+    summary = json.loads(_analyze(out, "--json"))["client_check"]
+    assert summary["connect_ms"]["count"] >= len(sent)
+    assert summary["pool_wait_ms"]["p99"] >= summary["connect_ms"]["p99"]
