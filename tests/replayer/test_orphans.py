@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.replayer.orphans import GONE_WITHIN_S, command, kill_9_mid_run, long_trace
+from tests.orphans import GONE_WITHIN_S, command, kill_9_mid_run, long_trace
 
 
 def _is_sim(pids: dict[int, int]) -> bool:
@@ -26,14 +26,17 @@ def _has_workers(pids: dict[int, int]) -> bool:
     [
         (["run", "--workers", "2", "--concurrency", "2"], _has_workers),
         (["run", "--concurrency", "2"], _is_sim),
-        (["capacity", "--slo", "ttft=60s", "--duration", "30", "--max-cells", "2"],
-         _is_sim),
-    ],  # fmt: skip
+        (
+            ["capacity", "--slo", "ttft=60s", "--duration", "30", "--max-cells", "2"],
+            _is_sim,
+        ),
+    ],
     ids=["workers", "plain", "capacity"],
 )
 @pytest.mark.timeout(150)
 def test_kill_9_of_the_parent_leaves_no_process_of_the_run(
-    tmp_path: Path, args: list[str],
+    tmp_path: Path,
+    args: list[str],
     expect: Callable[[dict[int, int]], bool],
 ) -> None:
     trace = long_trace(tmp_path / "t.jsonl")

@@ -260,7 +260,7 @@ def test_ray_capacity_runs_its_cells_on_the_cluster(
 def test_ray_kill_9_of_the_driver_stops_its_actors_and_sim(
     ray_nodes: Any, ray_cluster: str, tmp_path: Path
 ) -> None:
-    from tests.replayer.orphans import command, kill_9_mid_run, long_trace, started_at
+    from tests.orphans import command, kill_9_mid_run, long_trace, started_at
 
     def expect(pids: dict[int, int]) -> bool:
         sim = any("--accept-any-model" in command(p) for p in pids)

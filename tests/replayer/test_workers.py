@@ -16,7 +16,7 @@ from replayer.config import EndpointConfig, Lanes, ReplayConfig
 from replayer.launch import running_endpoint
 from replayer.records import RunMeta
 from replayer.workers import replay_with_workers
-from tests.replayer.orphans import long_trace
+from tests.orphans import long_trace
 
 
 def _stop_worker_1(stream: io.StringIO, named: threading.Event) -> None:

@@ -112,10 +112,10 @@ def kill_9_mid_run(
     *,
     expect: Callable[[dict[int, int]], bool],
     also: Callable[[], dict[int, int]] = dict,
-) -> tuple[dict[int, int], list[int]]:
+) -> tuple[dict[int, int], list[str]]:
     """Start the replayer, let it write a part file and start what ``expect`` wants
     (its process tree, plus ``also()``), kill -9 it alone, and return the recorded
-    processes with those still alive ``GONE_WITHIN_S`` later. Each part file written
+    processes and those still alive ``GONE_WITHIN_S`` later (pid: command). Each part file written
     opens with pyarrow."""
     seen: dict[int, int] = {}
     with started(args) as proc:
