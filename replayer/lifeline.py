@@ -18,28 +18,32 @@ ENV = "REPLAYER_LIFELINE"  # "PARENT_PID:FD" for a `python -m replayer` child
 GRACE_S = 3.0  # after the parent's death: time to flush before SIGKILL
 
 
-def _parent_death_signal(signum: int) -> None:
-    """Ask the kernel for ``signum`` when the parent dies. It fires when the parent
-    *thread* that started this process exits: the callers start their children from
-    the thread that waits for them."""
+def _parent_death_signal(signum: int) -> bool:
+    """Ask the kernel for ``signum`` when the parent dies; whether it took. It fires
+    when the parent *thread* that started this process exits: the callers start
+    their children from the thread that waits for them."""
     if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
+        return False
+    try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
 
 
-def _end(signum: int, grace_s: float) -> None:
+def _end(signum: int | None, grace_s: float) -> None:
     """``signum`` to this process (it may flush and exit), then SIGKILL."""
-    with contextlib.suppress(OSError):
-        os.kill(os.getpid(), signum)
+    if signum is not None:
+        with contextlib.suppress(OSError):
+            os.kill(os.getpid(), signum)
     time.sleep(grace_s)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _watch(fd: int, signum: int, grace_s: float) -> None:
+def _watch(fd: int | None, signum: int | None, grace_s: float) -> None:
+    """Wait for EOF on ``fd`` (None: the parent is already gone), then end."""
     with contextlib.suppress(OSError):
-        while os.read(fd, 4096):  # the parent never writes: data is ignored
+        while fd is not None and os.read(fd, 4096):  # the parent never writes
             pass
     _end(signum, grace_s)
 
@@ -54,16 +58,20 @@ def hold(
     """In a child: end this process (``signum``, then SIGKILL after ``grace_s``) when
     ``parent_pid`` dies, or when ``watch_fd`` (the read end of a pipe whose write end
     the parent holds) reaches EOF."""
-    _parent_death_signal(signum)
-    if watch_fd is not None:
-        threading.Thread(
-            target=_watch, args=(watch_fd, signum, grace_s), daemon=True,
-            name="lifeline",
-        ).start()  # fmt: skip
+    armed = _parent_death_signal(signum)
     if os.getppid() != parent_pid:  # it died before the signal was armed
-        threading.Thread(
-            target=_end, args=(signum, grace_s), daemon=True, name="lifeline"
-        ).start()
+        watch_fd = None
+        armed = False
+    elif watch_fd is None:
+        return
+    # With the kernel's signal armed, the pipe's EOF only brings the SIGKILL: a
+    # second SIGTERM would cancel the flush that the first one started.
+    threading.Thread(
+        target=_watch,
+        args=(watch_fd, None if armed else signum, grace_s),
+        daemon=True,
+        name="lifeline",
+    ).start()
 
 
 def hold_from_env() -> None:
