@@ -56,7 +56,10 @@ _POLL_S = 0.5  # how often the driver looks at its actors
 _STOP_GRACE_S = 30.0  # stopped actors flush within this
 _OFFSET_ROUNDS = 5  # wall-clock samples per actor; the shortest round trip wins
 _REPORT_S = 1.0  # how often the driver asks each actor for its counters
-_DRIVER_SILENT_S = 15.0  # an actor not asked for this long stops its replay
+# An actor not asked for its counters this long stops its replay: a fallback for
+# Ray's own stop of a dead owner's actors, long enough for a driver paused (Ctrl-Z)
+# or busy for a while to find its run going on.
+_DRIVER_SILENT_S = 60.0
 
 
 def _ray() -> Any:
