@@ -115,8 +115,8 @@ def kill_9_mid_run(
 ) -> tuple[dict[int, int], list[str]]:
     """Start the replayer, let it write a part file and start what ``expect`` wants
     (its process tree, plus ``also()``), kill -9 it alone, and return the recorded
-    processes and those still alive ``GONE_WITHIN_S`` later (pid: command). Each part file written
-    opens with pyarrow."""
+    processes and those still alive ``GONE_WITHIN_S`` later ("pid: command"). Each
+    part file written opens with pyarrow."""
     seen: dict[int, int] = {}
     with started(args) as proc:
         deadline = time.monotonic() + 90
