@@ -114,7 +114,9 @@ def replay(
             )
         elif loaded is None:
             assert trace_path is not None
-            summary = replay_with_workers(trace_path, config, out, meta=meta)
+            summary = replay_with_workers(
+                trace_path, config, out, meta=meta, progress=progress
+            )
         else:
             ready: Trace = loaded
             summary = run_async(

@@ -7,6 +7,7 @@ import array
 import asyncio
 import collections
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -49,6 +50,33 @@ class RunCounters:
         """One row recorded with ``status``."""
         self.by_status[status] = self.by_status.get(status, 0) + 1
 
+    def snapshot(self) -> dict[str, Any]:
+        """What a worker reports to its supervisor (plain values: pickled or sent
+        over Ray)."""
+        return {
+            "inflight": self.inflight,
+            "lanes": self.lanes,
+            "by_status": dict(self.by_status),
+            "output_tokens": self.output_tokens,
+            "ttfts_ns": list(self.recent_ttfts_ns)[-500:],
+            "client_limit": self.client_limit,
+        }
+
+    @classmethod
+    def merged(cls, snapshots: dict[int, dict[str, Any]]) -> RunCounters:
+        """Workers' latest snapshots as one (the status line of the whole run)."""
+        total = cls()
+        for k, s in sorted(snapshots.items()):
+            total.inflight += s["inflight"]
+            total.lanes += s["lanes"]
+            total.output_tokens += s["output_tokens"]
+            for status, count in s["by_status"].items():
+                total.by_status[status] = total.by_status.get(status, 0) + count
+            total.recent_ttfts_ns.extend(s["ttfts_ns"])
+            if s["client_limit"] and total.client_limit is None:
+                total.client_limit = f"worker {k}: {s['client_limit']}"
+        return total
+
     def counts(self, trace_requests: int) -> RunCounts:
         """The run.json ``counts``."""
         return RunCounts.of(
@@ -57,6 +85,9 @@ class RunCounters:
             not_streamed=self.not_streamed,
             short_output=self.short_output,
         )
+
+
+PLAIN_INTERVAL_S = 10.0  # the status line's period when stderr is not a terminal
 
 
 class Progress:
@@ -93,7 +124,7 @@ class Progress:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Print until ``stop`` is set."""
-        interval = 1.0 if self.tty else 10.0
+        interval = 1.0 if self.tty else PLAIN_INTERVAL_S
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
@@ -106,6 +137,47 @@ class Progress:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+class StatusLine:
+    """The status line of a run of several workers, printed by their supervisor
+    from the workers' reports: redrawn each second on a terminal, else one plain
+    line every ``interval_s`` (a log file gets lines, not carriage returns)."""
+
+    def __init__(
+        self,
+        stream: TextIO,
+        clock: Clock,
+        *,
+        interval_s: float = PLAIN_INTERVAL_S,
+    ) -> None:
+        self.stream = stream
+        self.clock = clock
+        self.tty = stream.isatty()
+        self.interval_ns = int((1.0 if self.tty else interval_s) * 1e9)
+        self.last_ns = clock.now_ns()
+        self.drawn = False
+
+    def tick(self, counters: Callable[[], RunCounters], t0_ns: int, total: int) -> None:
+        """Print the line if it is due (``t0_ns`` 0: the run has not started)."""
+        now = self.clock.now_ns()
+        if t0_ns <= 0 or now - self.last_ns < self.interval_ns:
+            return
+        self.last_ns = now
+        line = Progress(counters(), self.clock, t0_ns, total, self.stream).line()
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+            self.drawn = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        """End a redrawn line."""
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

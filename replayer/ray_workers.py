@@ -18,6 +18,11 @@ dies stops the run within seconds with one line naming it and its node, the othe
 flush, and its unfinished session trees are listed in ``run.json``. Ray is an optional
 extra (``pip install 'agentic-trace-replayer[ray]'``); nothing here starts a dashboard
 or asks for a token unless the cluster was started so.
+
+The driver asks every actor for its counters each second (the status line, and an
+actor silent while its peers answer is named: stopped or hung). The actors are the
+driver's (Ray stops an owner's actors when the owner dies); an actor that hears
+nothing from a started driver for ``_DRIVER_SILENT_S`` also stops its replay itself.
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ from typing import Any, TextIO
 from replayer.clock import MonotonicClock
 from replayer.config import Lanes, ReplayConfig
 from replayer.errors import ConfigError
-from replayer.progress import Progress, RunCounters, RunSummary
+from replayer.progress import PLAIN_INTERVAL_S, RunCounters, RunSummary
 from replayer.records import RunMeta
 from replayer.rundir import read_run_json, write_run_json
 from replayer.workers import (
+    STALL_S,
+    Reports,
     _merge,
     _worker_json,
     check_split,
@@ -48,6 +55,11 @@ _READY_TIMEOUT_S = 3600.0  # an actor still preparing after this is stuck
 _POLL_S = 0.5  # how often the driver looks at its actors
 _STOP_GRACE_S = 30.0  # stopped actors flush within this
 _OFFSET_ROUNDS = 5  # wall-clock samples per actor; the shortest round trip wins
+_REPORT_S = 1.0  # how often the driver asks each actor for its counters
+# An actor not asked for its counters this long stops its replay: a fallback for
+# Ray's own stop of a dead owner's actors, long enough for a driver paused (Ctrl-Z)
+# or busy for a while to find its run going on.
+_DRIVER_SILENT_S = 60.0
 
 
 def _ray() -> Any:
@@ -69,6 +81,7 @@ class ReplayActor:
         self._start_unix_ns = 0
         self._task: asyncio.Task[Any] | None = None
         self._counters: RunCounters | None = None
+        self._asked = asyncio.Event()  # the driver called status()
 
     def node(self) -> dict[str, str]:
         import ray
@@ -91,18 +104,23 @@ class ReplayActor:
         if self._task is not None:
             self._task.cancel()
 
-    def status(self) -> dict[str, Any]:
+    async def status(self) -> dict[str, Any]:
+        """The counters (taken on this actor's loop: a hung loop answers nothing)."""
+        self._asked.set()
         c = self._counters
-        if c is None:
-            return {}
-        return {
-            "inflight": c.inflight,
-            "lanes": c.lanes,
-            "by_status": dict(c.by_status),
-            "output_tokens": c.output_tokens,
-            "ttfts_ns": list(c.recent_ttfts_ns)[-500:],
-            "client_limit": c.client_limit,
-        }
+        return {} if c is None else c.snapshot()
+
+    async def _watch_driver(self) -> None:
+        """Stop the replay when the started driver stops asking (it died)."""
+        await self._start.wait()
+        while True:
+            self._asked.clear()
+            try:
+                async with asyncio.timeout(_DRIVER_SILENT_S):
+                    await self._asked.wait()
+            except TimeoutError:
+                break
+        self.stop()
 
     async def run(
         self,
@@ -129,17 +147,25 @@ class ReplayActor:
         self._counters = RunCounters()
         try:
             trace = await asyncio.to_thread(read_trace, trace_path)
-            await replay_trace(
-                trace,
-                config,
-                Path(run_dir),
-                meta=meta,
-                worker_id=worker_id,
-                clock=clock,
-                start_gate=gate,
-                run_json_name=_worker_json(worker_id),
-                counters=self._counters,
-            )
+            # Owned and awaited here, not in a TaskGroup: the replay's errors
+            # must come out as themselves, not in an ExceptionGroup.
+            watch = asyncio.create_task(self._watch_driver(), name="driver-watch")
+            try:
+                await replay_trace(
+                    trace,
+                    config,
+                    Path(run_dir),
+                    meta=meta,
+                    worker_id=worker_id,
+                    clock=clock,
+                    start_gate=gate,
+                    run_json_name=_worker_json(worker_id),
+                    counters=self._counters,
+                )
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
         except (ReplayerError, TraceError) as exc:
             self._ready.set()
             return "error", str(exc)
@@ -249,9 +275,22 @@ def _drive(
                 {"worker_id": k, **places[k], "clock_offset_ns": o, "rtt_ns": r}
                 for k, (o, r) in enumerate(offsets)
             ]
-            clock = MonotonicClock()
-            t0 = clock.now_ns() + (start - time.time_ns())
-            _watch(ray, actors, runs, results, progress, clock, t0, config, trace_path)
+            t0 = MonotonicClock().now_ns() + (start - time.time_ns())
+            reports = Reports(
+                [f"Ray actor {k} on node {p['ip']}" for k, p in enumerate(places)],
+                progress,
+                stall_s=STALL_S,
+                interval_s=PLAIN_INTERVAL_S,
+            )
+            total = 0
+            if progress is not None:
+                from traces.io import read_trace
+
+                total = read_trace(trace_path).request_count()
+            try:
+                _watch(ray, actors, runs, results, (reports, t0, total))
+            finally:
+                reports.close()
     except KeyboardInterrupt:
         interrupted = True
         _stop(ray, actors, runs, results)
@@ -314,57 +353,36 @@ def _watch(
     actors: list[Any],
     runs: list[Any],
     results: dict[int, tuple[str, str]],
-    progress: TextIO | None,
-    clock: MonotonicClock,
-    t0: int,
-    config: ReplayConfig,
-    trace_path: Path,
+    reporting: tuple[Reports, int, int],
 ) -> None:
-    line: Progress | None = None
-    total = 0
-    if progress is not None:
-        from traces.io import read_trace
-
-        total = read_trace(trace_path).request_count()
-    last_line = time.monotonic()
-    interval = 1.0 if progress is not None and progress.isatty() else 10.0
+    """Until every actor ended, or one failed: results, reports, the status line
+    (``reporting``: the reports, the run's zero, the trace's request count)."""
+    reports, t0, total = reporting
+    asked: dict[Any, int] = {}  # status calls not answered yet -> actor
+    last_ask = 0.0
     while len(results) < len(runs):
         pending = [r for k, r in enumerate(runs) if k not in results]
         done, _ = ray.wait(pending, num_returns=len(pending), timeout=_POLL_S)
         _collect(ray, runs, results, done)
         if any(status not in ("ok", "interrupted") for status, _ in results.values()):
             return
-        if progress is not None and time.monotonic() - last_line >= interval:
-            last_line = time.monotonic()
-            counters = _aggregate(ray, actors, results)
-            line = Progress(counters, clock, t0, total, progress)
-            progress.write(("\r\x1b[2K" if interval == 1.0 else "") + line.line())
-            progress.write("" if interval == 1.0 else "\n")
-            progress.flush()
-
-
-def _aggregate(
-    ray: Any, actors: list[Any], results: dict[int, tuple[str, str]]
-) -> RunCounters:
-    """All actors' counters as one (the status line of the whole run)."""
-    total = RunCounters()
-    live = [(k, a) for k, a in enumerate(actors) if k not in results]
-    try:
-        states = ray.get([a.status.remote() for _, a in live], timeout=5)
-    except (ray.exceptions.RayError, TimeoutError):
-        return total
-    for (k, _), s in zip(live, states, strict=True):
-        if not s:
-            continue
-        total.inflight += s["inflight"]
-        total.lanes += s["lanes"]
-        total.output_tokens += s["output_tokens"]
-        for status, count in s["by_status"].items():
-            total.by_status[status] = total.by_status.get(status, 0) + count
-        total.recent_ttfts_ns.extend(s["ttfts_ns"])
-        if s["client_limit"] and total.client_limit is None:
-            total.client_limit = f"worker {k}: {s['client_limit']}"
-    return total
+        answered = (
+            ray.wait(list(asked), num_returns=len(asked), timeout=0)[0] if asked else []
+        )
+        for ref in answered:
+            k = asked.pop(ref)
+            with contextlib.suppress(ray.exceptions.RayError):
+                report = ray.get(ref)
+                if report:
+                    reports.add(k, {**report, "total": total})
+        running = [k for k in range(len(actors)) if k not in results]
+        if time.monotonic() - last_ask >= _REPORT_S:
+            last_ask = time.monotonic()
+            waiting = set(asked.values())
+            for k in running:
+                if k not in waiting:  # a silent actor is not asked twice
+                    asked[actors[k].status.remote()] = k
+        reports.tick(running, t0)
 
 
 def _stop(

@@ -8,6 +8,11 @@ slightly in the future. The parent watches, never waits blindly: it polls each
 worker's result pipe and process sentinel, so a worker that dies (a crash, SIGKILL,
 an error of any type) stops the run within seconds, with a one-line error that names
 it and its exit code, while the other workers flush what they recorded.
+
+Workers die with the parent, kill -9 included (replayer/lifeline.py: the parent-death
+signal, and a pipe only the parent writes to). Each reports its counters from its
+event loop every second: the parent prints the run's status line from them and names
+a worker that fell silent while its peers went on (stopped or hung).
 """
 
 from __future__ import annotations
@@ -18,15 +23,27 @@ import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
 import signal
+import sys
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from replayer.clock import MonotonicClock
 from replayer.config import Lanes, RateArrivals, ReplayConfig
 from replayer.errors import ConfigError, ReplayerError
-from replayer.progress import RunSummary, summarize_run
+from replayer.lifeline import hold
+from replayer.progress import (
+    PLAIN_INTERVAL_S,
+    RunCounters,
+    RunSummary,
+    StatusLine,
+    summarize_run,
+)
 from replayer.records import RunCounts, RunMeta
 from replayer.rundir import read_run_json, write_run_json
 from replayer.selfcheck import merge_checks
@@ -36,10 +53,74 @@ _BARRIER_TIMEOUT_S = 3600.0  # a worker still preparing after this is stuck
 _POLL_S = 0.5  # how often the parent looks at its workers
 _STOP_GRACE_S = 30.0  # SIGTERM'd workers flush within this, else SIGKILL
 _SELF_STOP_S = 5.0  # after Ctrl-C: time for workers to stop before SIGTERM
+_REPORT_S = 1.0  # how often a worker reports its counters
+STALL_S = 30.0  # a worker silent this long while its peers report is named
 
 
 class WorkerFailed(ReplayerError):
     """A worker process failed or died; the others were stopped."""
+
+
+class Silence:
+    """When each worker last reported; names, once per silence, a worker that made
+    no report for ``stall_s`` while a peer did (SIGSTOPped, or its loop hung)."""
+
+    def __init__(
+        self, names: list[str], stall_s: float, stream: TextIO, clock: MonotonicClock
+    ) -> None:
+        self.names = names
+        self.stall_ns = int(stall_s * 1e9)
+        self.stream = stream
+        self.clock = clock
+        self.heard: dict[int, int] = {}
+        self.first: int | None = None  # the first report of anyone: the run began
+        self.named: set[int] = set()
+
+    def hear(self, k: int) -> None:
+        self.heard[k] = now = self.clock.now_ns()
+        self.first = self.first if self.first is not None else now
+        self.named.discard(k)
+
+    def check(self, running: list[int]) -> None:
+        if self.first is None:
+            return
+        now = self.clock.now_ns()
+        recent = {k for k in running if now - self.heard.get(k, 0) < self.stall_ns}
+        for k in running:
+            silent_ns = now - self.heard.get(k, self.first)
+            if k in self.named or silent_ns < self.stall_ns or not recent - {k}:
+                continue
+            self.named.add(k)
+            self.stream.write(
+                f"warning: {self.names[k]} made no progress report for "
+                f"{silent_ns / 1e9:.0f} s while the others did: stopped or hung?\n"
+            )
+            self.stream.flush()
+
+
+def _take(taken: Future[dict[str, Any]], counters: RunCounters) -> None:
+    taken.set_result(counters.snapshot())
+
+
+def _reporter(
+    loop: asyncio.AbstractEventLoop,
+    counters: RunCounters,
+    total: int,
+    send: Callable[[tuple[str, Any]], None],
+    done: threading.Event,
+) -> None:
+    """Send the counters every ``_REPORT_S``, each snapshot taken on the event loop:
+    a loop that hangs (or a process that is stopped) reports nothing."""
+    while not done.wait(_REPORT_S):
+        taken: Future[dict[str, Any]] = Future()
+        try:
+            loop.call_soon_threadsafe(_take, taken, counters)
+        except RuntimeError:  # the loop is closed: the run is over
+            return
+        while not done.is_set():
+            with contextlib.suppress(FutureTimeout):
+                send(("progress", {**taken.result(_REPORT_S), "total": total}))
+                break
 
 
 def check_split(config: ReplayConfig, where: str = "--workers") -> None:
@@ -88,20 +169,37 @@ def _worker_main(
     barrier: Any,
     t0: Any,
     conn: mpc.Connection,
+    parent: tuple[int, mpc.Connection],
 ) -> None:
     from replayer.launch import replay_trace, run_async
     from traces.errors import TraceError
     from traces.io import read_trace
+
+    hold(parent[0], parent[1].fileno())  # die with the parent, kill -9 included
+    sending = threading.Lock()  # the reporter and the end share the pipe
+    reported = threading.Event()
+    counters = RunCounters()
+    total = 0
+
+    def send(message: tuple[str, Any]) -> None:
+        with sending, contextlib.suppress(OSError):  # a dead parent reads nothing
+            conn.send(message)
 
     async def gate() -> int:
         # Two rounds: all prepared; one sets the shared zero; all read it.
         if await asyncio.to_thread(barrier.wait, _BARRIER_TIMEOUT_S) == 0:
             t0.value = time.perf_counter_ns() + _START_DELAY_NS
         await asyncio.to_thread(barrier.wait, _BARRIER_TIMEOUT_S)
+        loop = asyncio.get_running_loop()
+        threading.Thread(
+            target=_reporter, args=(loop, counters, total, send, reported),
+            daemon=True, name="reporter",
+        ).start()  # fmt: skip
         return int(t0.value)
 
     try:
         trace = read_trace(trace_path)
+        total = trace.request_count()
         summary = run_async(
             lambda: replay_trace(
                 trace,
@@ -111,17 +209,19 @@ def _worker_main(
                 worker_id=worker_id,
                 start_gate=gate,
                 run_json_name=_worker_json(worker_id),
+                counters=counters,
             )
         )
-        conn.send(("ok", summary.duration_s))
+        result: tuple[str, Any] = ("ok", summary.duration_s)
     except (ReplayerError, TraceError) as exc:
-        conn.send(("error", str(exc)))
+        result = ("error", str(exc))
     except threading.BrokenBarrierError:
-        conn.send(("aborted", "stopped before the start: another worker failed"))
+        result = ("aborted", "stopped before the start: another worker failed")
     except KeyboardInterrupt:
-        conn.send(("interrupted", ""))
-    finally:
-        conn.close()
+        result = ("interrupted", "")
+    reported.set()
+    send(result)
+    conn.close()
 
 
 def _describe_exit(code: int | None) -> str:
@@ -134,29 +234,85 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+class Reports:
+    """The workers' latest reports: the run's status line, and who fell silent."""
+
+    def __init__(
+        self,
+        names: list[str],
+        progress: TextIO | None,
+        *,
+        stall_s: float,
+        interval_s: float,
+    ) -> None:
+        clock = MonotonicClock()
+        self.latest: dict[int, dict[str, Any]] = {}
+        self.silence = Silence(names, stall_s, progress or sys.stderr, clock)
+        self.line = (
+            None
+            if progress is None
+            else StatusLine(progress, clock, interval_s=interval_s)
+        )
+
+    def add(self, k: int, report: dict[str, Any]) -> None:
+        self.latest[k] = report
+        self.silence.hear(k)
+
+    def tick(self, running: list[int], t0_ns: int) -> None:
+        self.silence.check(running)
+        if self.line is not None:
+            total = max((r["total"] for r in self.latest.values()), default=0)
+            self.line.tick(lambda: RunCounters.merged(self.latest), t0_ns, total)
+
+    def close(self) -> None:
+        if self.line is not None:
+            self.line.close()
+
+
 def replay_with_workers(
-    trace_path: Path, config: ReplayConfig, run_dir: Path, *, meta: RunMeta
+    trace_path: Path,
+    config: ReplayConfig,
+    run_dir: Path,
+    *,
+    meta: RunMeta,
+    progress: TextIO | None = None,
+    stall_s: float = STALL_S,
+    status_interval_s: float = PLAIN_INTERVAL_S,
 ) -> RunSummary:
-    """Run ``config.workers`` processes over shards of the trace; merge run.json."""
+    """Run ``config.workers`` processes over shards of the trace; merge run.json.
+    ``progress``: the status line's stream (a silent worker is named there, else
+    on stderr)."""
     ctx = mp.get_context("spawn")
     n = config.workers
     t0 = ctx.Value("q", 0)
     barrier = ctx.Barrier(n)
     procs: list[Any] = []
     conns: list[mpc.Connection] = []
+    lifelines: list[mpc.Connection] = []  # a worker's watch reads EOF when we die
     check_split(config)
     for k in range(n):
         cfg = worker_config(config, k)
         ours, theirs = ctx.Pipe(duplex=False)
+        watch, life = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=_worker_main,
-            args=(str(trace_path), cfg, str(run_dir), meta, k, barrier, t0, theirs),
+            args=(str(trace_path), cfg, str(run_dir), meta, k, barrier, t0, theirs,
+                  (os.getpid(), watch)),
             name=f"replayer-worker-{k}",
-        )
+        )  # fmt: skip
         p.start()
         theirs.close()
+        watch.close()
         procs.append(p)
         conns.append(ours)
+        lifelines.append(life)
+    reports = Reports(
+        [f"worker {k} (pid {p.pid})" for k, p in enumerate(procs)],
+        progress,
+        stall_s=stall_s,
+        interval_s=status_interval_s,
+    )
+    watch_t0 = (reports, lambda: int(t0.value))
     results: dict[int, tuple[str, Any]] = {}
     interrupted = False
     previous = signal.getsignal(signal.SIGTERM)
@@ -169,13 +325,14 @@ def replay_with_workers(
         signal.signal(signal.SIGTERM, forward_sigterm)
     try:
         try:
-            _watch(procs, conns, results, barrier)
+            _watch(procs, conns, results, barrier, watch_t0)
         except KeyboardInterrupt:
             # Ctrl-C reached the workers too (one process group); SIGTERM was
             # forwarded. Whoever has not stopped after a grace period is told.
             interrupted = True
-            _stop(procs, conns, results, barrier, signal_now=False)
+            _stop(procs, conns, results, barrier, reports, signal_now=False)
     finally:
+        reports.close()
         with contextlib.suppress(ValueError):
             signal.signal(signal.SIGTERM, previous)
         for p in procs:
@@ -183,6 +340,8 @@ def replay_with_workers(
             if p.is_alive():
                 p.kill()
                 p.join()
+        for c in (*conns, *lifelines):
+            c.close()
     failure = _failure(procs, results)
     merged = _merge(run_dir, config, meta, interrupted=interrupted, error=failure)
     return outcome(run_dir, merged, failure=failure, interrupted=interrupted)
@@ -216,19 +375,24 @@ def outcome(
 
 
 def _poll(
-    procs: list[Any], conns: list[mpc.Connection], results: dict[int, tuple[str, Any]]
+    procs: list[Any],
+    conns: list[mpc.Connection],
+    results: dict[int, tuple[str, Any]],
+    reports: Reports,
 ) -> None:
-    """Collect what finished: a result sent, or a process that ended without one."""
+    """Collect the reports and what finished: a result sent, or a process that
+    ended without one."""
     for k, (p, conn) in enumerate(zip(procs, conns, strict=True)):
-        if k in results:
-            continue
         try:
-            if conn.poll():
-                results[k] = conn.recv()
-                continue
+            while k not in results and conn.poll():
+                status, detail = conn.recv()
+                if status == "progress":
+                    reports.add(k, detail)
+                else:
+                    results[k] = (status, detail)
         except (EOFError, OSError):
             p.join(timeout=5.0)  # closed without a result: it is dying
-        if not p.is_alive():
+        if k not in results and not p.is_alive():
             results[k] = ("died", p.exitcode)
 
 
@@ -237,15 +401,18 @@ def _watch(
     conns: list[mpc.Connection],
     results: dict[int, tuple[str, Any]],
     barrier: Any,
+    reporting: tuple[Reports, Callable[[], int]],
 ) -> None:
+    reports, t0 = reporting
     while len(results) < len(procs):
         waitables: list[Any] = [c for k, c in enumerate(conns) if k not in results]
         waitables += [p.sentinel for k, p in enumerate(procs) if k not in results]
         mpc.wait(waitables, timeout=_POLL_S)
-        _poll(procs, conns, results)
+        _poll(procs, conns, results, reports)
         if any(status not in ("ok", "interrupted") for status, _ in results.values()):
-            _stop(procs, conns, results, barrier, signal_now=True)
+            _stop(procs, conns, results, barrier, reports, signal_now=True)
             return
+        reports.tick([k for k in range(len(procs)) if k not in results], t0())
 
 
 def _signal_running(procs: list[Any], results: dict[int, tuple[str, Any]]) -> None:
@@ -260,6 +427,7 @@ def _stop(
     conns: list[mpc.Connection],
     results: dict[int, tuple[str, Any]],
     barrier: Any,
+    reports: Reports,
     *,
     signal_now: bool,
 ) -> None:
@@ -276,7 +444,7 @@ def _stop(
             signalled = True
         with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: keep stopping
             mpc.wait([p.sentinel for p in procs], timeout=_POLL_S)
-        _poll(procs, conns, results)
+        _poll(procs, conns, results, reports)
 
 
 def _failure(procs: list[Any], results: dict[int, tuple[str, Any]]) -> str | None:

@@ -5,6 +5,7 @@ event loop) for a replay without an endpoint URL (`replayer run` without `--endp
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -41,7 +42,10 @@ def _default_args(args: Sequence[str]) -> list[str]:
 def running_sim(
     args: Sequence[str] = (), *, startup_timeout_s: float = 60.0
 ) -> Iterator[str]:
-    """Start `replayer sim --port 0 ARGS` on loopback; yield its base URL; stop it."""
+    """Start `replayer sim --port 0 ARGS` on loopback; yield its base URL; stop it.
+    The simulator dies with this process, kill -9 included: its parent-death signal
+    is armed, and it watches its stdin, a pipe whose write end only we hold (see
+    replayer/lifeline.py; enter this from the thread that will leave it)."""
     cmd = [
         sys.executable,
         "-m",
@@ -55,9 +59,12 @@ def running_sim(
         *_default_args(args),
         *args,
     ]
+    # The name is replayer.lifeline.ENV: the sim imports no engine module.
+    env = {**os.environ, "REPLAYER_LIFELINE": f"{os.getpid()}:0"}
     proc = subprocess.Popen(
         cmd,
-        stdin=subprocess.DEVNULL,
+        env=env,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -109,6 +116,6 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    for stream in (proc.stdout, proc.stderr):
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
         if stream is not None:
             stream.close()

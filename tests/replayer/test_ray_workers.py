@@ -254,3 +254,34 @@ def test_ray_capacity_runs_its_cells_on_the_cluster(
         assert meta["mode"]["concurrency"] == cell["level"]
         assert len(_nodes_of_rows(run_dir)) == cell["level"]
     _assert_loopback_only(ray_nodes)
+
+
+@pytest.mark.timeout(180)
+def test_ray_kill_9_of_the_driver_stops_its_actors_and_sim(
+    ray_nodes: Any, ray_cluster: str, tmp_path: Path
+) -> None:
+    from tests.orphans import command, kill_9_mid_run, long_trace, started_at
+
+    def expect(pids: dict[int, int]) -> bool:
+        sim = any("--accept-any-model" in command(p) for p in pids)
+        return sim and len(replay_actors(list(pids))) == 2
+
+    trace = long_trace(tmp_path / "t.jsonl")
+    out = tmp_path / "run"
+    _seen, left = kill_9_mid_run(
+        ["run", str(trace), "--ray", ray_cluster, "--concurrency", "2",
+         "--out", str(out), "--quiet", "--sim-args", "--speed 1"],
+        out,
+        expect=expect,
+        also=lambda: started_at(replay_actors(ray_pids(ray_nodes))),
+    )  # fmt: skip
+    assert left == [], f"alive after the driver's kill -9: {left}"
+    # The cluster is the user's: its own processes (GCS, raylets, agents) stay.
+    nodes = [
+        info.process
+        for node in ray_nodes.list_all_nodes()
+        for infos in node.all_processes.values()
+        for info in infos
+    ]
+    assert nodes
+    assert all(p.poll() is None for p in nodes)
