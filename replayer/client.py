@@ -17,7 +17,7 @@ import aiohttp
 import orjson
 
 from replayer.clock import Clock
-from replayer.config import EndpointConfig, public_url
+from replayer.config import EndpointConfig, public_url, redact_urls
 from replayer.errors import EndpointError
 from replayer.records import Status
 from replayer.sse import EventFramer, usage_counts
@@ -58,7 +58,8 @@ class Outcome:
     def fail(self, status: Status, error_type: str, message: str) -> None:
         self.status = status
         self.error_type = error_type
-        self.error_message = message[:500]
+        # Servers and aiohttp quote URLs in errors: their secrets stay out of rows.
+        self.error_message = redact_urls(message)[:500]
 
 
 class ChatClient(Protocol):
@@ -355,5 +356,5 @@ def _one_line(text: str, limit: int = 160) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
+    text = redact_urls(str(exc)) or type(exc).__name__
     return text.splitlines()[0][:300] if text else type(exc).__name__

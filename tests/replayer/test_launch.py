@@ -202,3 +202,65 @@ async def test_launch_counts_what_the_server_ignored_and_keeps_errors_plain(
     assert failed["error_message"] == "500 Internal Server Error boom"
     assert summary.counts.http_error == 1
     assert summary.counts.error_rate == 0.5
+
+
+_SECRETS = {
+    "bearer": "s-bearer",
+    "JWT": "s-jwt",
+    "code": "s-code",
+    "refresh_token": "s-token",
+    "client-secret": "s-secret",
+    "apiKey": "s-key",
+    "x-auth": "s-auth",
+    "passphrase": "s-pass",
+    "X-Amz-Signature": "s-sig",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SECRETS))
+def test_public_url_hides_secret_parameters_and_keeps_the_rest(name: str) -> None:
+    from replayer.config import public_url
+
+    url = f"http://u:pw@127.0.0.1:8000/v1?{name}={_SECRETS[name]}&zipcode=9&keep=yes"
+    shown = public_url(url)
+    assert shown == f"http://127.0.0.1:8000/v1?{name}=***&zipcode=9&keep=yes"
+
+
+async def test_launch_writes_no_url_secret_anywhere(
+    aiohttp_server: Serve, tmp_path: Path
+) -> None:
+    # The server quotes the URL it was called on in its error body, as some
+    # gateways do: the row's error message must not carry the secrets either.
+    from aiohttp import web
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "fake-model"}]})
+
+    async def complete(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"error": {"message": f"no route for {request.url}"}}, status=404
+        )
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", complete)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    query = "&".join(f"{k}={v}" for k, v in _SECRETS.items())
+    url = f"http://user:s-userinfo@127.0.0.1:{server.port}/v1?{query}&region=eu"
+    await replay_trace(
+        trace_of(growing_session("s", 1)), engine_config(url), tmp_path / "run"
+    )
+    parts = sorted((tmp_path / "run" / "requests").glob("part-*.parquet"))
+    df = pd.read_parquet(tmp_path / "run" / "requests")
+    assert df["error_message"].str.contains("no route for http://").all()
+    blobs = [
+        (tmp_path / "run" / "run.json").read_text(),
+        *(pq.read_schema(p).metadata[RUN_METADATA_KEY].decode() for p in parts),
+        *df["error_message"],
+    ]
+    for blob in blobs:
+        for secret in [*_SECRETS.values(), "s-userinfo"]:
+            assert secret not in blob
+    meta = RunMeta.from_dict(json.loads(blobs[0]))
+    assert meta.endpoint is not None
+    assert meta.endpoint.endswith("&region=eu")
