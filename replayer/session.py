@@ -489,5 +489,6 @@ def _fill(ctx: RunContext, rec: RequestRecord, out: Outcome) -> None:
         if (rec.output_tokens or 0) < rec.requested_output_tokens:
             counters.short_output += 1
         counters.output_tokens += rec.output_tokens or 0
-        if rec.ttft_ns is not None:
+        # The status line's P90 is the summary's: the measured window only.
+        if rec.ttft_ns is not None and not rec.warmup:
             counters.recent_ttfts_ns.append(rec.ttft_ns)
