@@ -264,3 +264,44 @@ async def test_launch_writes_no_url_secret_anywhere(
     meta = RunMeta.from_dict(json.loads(blobs[0]))
     assert meta.endpoint is not None
     assert meta.endpoint.endswith("&region=eu")
+
+
+async def test_merged_run_json_counts_a_killed_workers_flushed_rows(
+    tmp_path: Path,
+) -> None:
+    # Worker 1 was killed: its run-worker file still holds the start (no counts),
+    # but its flushed part files are in the folder and must be counted.
+    from replayer.rundir import read_run_json, write_run_json
+    from replayer.workers import _merge, _worker_json, worker_config
+    from tests.fakes import FakeChatClient, FakeClock
+
+    trace = trace_of(*(growing_session(f"s{k}", 3 + k) for k in range(4)))
+    config = engine_config(schedule=Lanes(concurrency=2), workers=2)
+    run_dir = tmp_path / "run"
+    for k in (0, 1):
+        clock = FakeClock()
+        await replay_trace(
+            trace,
+            worker_config(config, k),
+            run_dir,
+            worker_id=k,
+            clock=clock,
+            client=FakeChatClient(clock, fail=frozenset({2})),
+            run_json_name=_worker_json(k),
+        )
+    killed = run_dir / _worker_json(1)
+    start = replace(read_run_json(killed), counts=None, end_unix_ns=None)
+    write_run_json(killed, start)
+    merged = _merge(
+        run_dir, config, RunMeta(), interrupted=False, error="worker 1 was killed"
+    )
+    df = pd.read_parquet(run_dir / "requests")
+    assert sorted(df["worker_id"].unique()) == [0, 1]
+    assert merged.counts is not None
+    assert merged.counts.requests == len(df) == 3 + 4 + 5 + 6
+    assert merged.counts.ok == (df["status"] == "ok").sum()
+    assert merged.counts.http_error == (df["status"] == "http_error").sum() == 2
+    assert merged.counts.skipped == (df["status"] == "skipped").sum()
+    assert merged.counts.trace_requests == 18
+    on_disk = read_run_json(run_dir / "run.json")
+    assert on_disk.counts == merged.counts
