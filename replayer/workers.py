@@ -347,7 +347,7 @@ def _merge(
         interrupted=interrupted
         or error is not None
         or any(m.interrupted for m in metas),
-        error=error,
+        error=error or next((m.error for m in metas if m.error), None),
         client_check=merge_checks(
             {
                 m.worker_id or 0: m.client_check
