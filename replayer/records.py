@@ -291,8 +291,9 @@ class RunCounts:
             by_status,
             trace_requests=trace_requests,
             not_streamed=int(
-                pc.sum(pc.fill_null(pc.equal(ok["error_type"], "not_streamed"), False))
-                .as_py()
+                pc.sum(
+                    pc.fill_null(pc.equal(ok["error_type"], "not_streamed"), False)
+                ).as_py()
                 or 0
             ),
             short_output=int(pc.sum(short).as_py() or 0),
@@ -474,6 +475,21 @@ class RunMeta:
     def complete(self) -> bool:
         """False for a run that stopped without writing its end (a crash)."""
         return self.end_unix_ns is not None
+
+    @property
+    def incomplete_reason(self) -> str | None:
+        """Why the run did not play what it was meant to, in a few words (None: it
+        ended on its own): no end written, an error or an abort, Ctrl-C/SIGTERM."""
+        if self.end_unix_ns is None:
+            return "no end time: the run crashed or was killed"
+        if self.error:
+            return f"stopped by an error: {self.error}"
+        aborted = (self.protocol or {}).get("aborted")
+        if aborted:
+            return f"stopped: {aborted}"
+        if self.interrupted:
+            return "interrupted (Ctrl-C or SIGTERM)"
+        return None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready; the keys are the run.json contract."""

@@ -189,6 +189,14 @@ def test_cli_run_stops_with_one_line_when_the_server_dies(
         assert "tok-secret" not in blob
         assert "code-secret" not in blob
     assert "stopped answering" in meta["error"]
+    analyzed = subprocess.run(
+        [*REPLAYER, "analyze", str(run_dir), "--json"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert analyzed.returncode == 0, analyzed.stderr
+    info = json.loads(analyzed.stdout)["run"]
+    assert info["complete"] is False
+    assert info["incomplete_reason"].startswith("stopped by an error: the server at")
     assert meta["counts"]["requests"] == len(df)
     # It stopped soon after the server died, not after playing the whole trace.
     assert len(df) < 60 * 20 // 2
