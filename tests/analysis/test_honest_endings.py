@@ -16,6 +16,7 @@ from replayer.records import RequestRecord
 from tests.analysis.conftest import run_meta
 
 MS = 1_000_000
+_ABORT = "request 3 of session s failed (--on-error abort-run)"
 
 
 def _rows(rec: Callable[..., RequestRecord], n: int = 30) -> list[RequestRecord]:
@@ -41,12 +42,8 @@ def _rows(rec: Callable[..., RequestRecord], n: int = 30) -> list[RequestRecord]
             "20 requests",
         ),
         (
-            {
-                "protocol": {
-                    "aborted": "request 3 of session s failed (--on-error abort-run)"
-                }
-            },  # fmt: skip
-            "stopped: request 3 of session s failed (--on-error abort-run)",
+            {"protocol": {"aborted": _ABORT}},
+            f"stopped: {_ABORT}",
         ),
         ({"end_unix_ns": None}, "no end time: the run crashed or was killed"),
     ],
