@@ -78,3 +78,68 @@ def test_analyze_a_run_that_ended_well_is_complete(
     assert info["complete"] is True
     assert info["incomplete_reason"] is None
     assert "incomplete" not in CliRunner().invoke(main, ["analyze", str(run)]).output
+
+
+def test_compare_warns_when_the_runs_are_not_alike(
+    tmp_path: Path,
+    rec: Callable[..., RequestRecord],
+    make_run_dir: Callable[..., Path],
+) -> None:
+    rows = _rows(rec)
+    a = make_run_dir(tmp_path / "a", rows, meta=run_meta())
+    twin = make_run_dir(tmp_path / "twin", rows, meta=run_meta())
+    other = run_meta(
+        trace={**run_meta()["trace"], "content_hash": "y" * 64},
+        simulated=False,
+        endpoint="http://10.0.0.2:8000",
+        labels={**run_meta()["labels"], "engine": "sglang"},
+        client_check={"limited": True, "reasons": ["loop lag P99 80 ms > 50 ms"]},
+    )
+    b = make_run_dir(tmp_path / "b", rows, meta=other)
+    alike = CliRunner().invoke(main, ["compare", str(a), str(twin), "--json"])
+    assert alike.exit_code == 0, alike.output
+    assert json.loads(alike.stdout)["warnings"] == []
+    assert alike.stderr == ""
+    res = CliRunner().invoke(main, ["compare", str(a), str(b), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert {"a", "b", "figures", "resamples", "seed", "confidence"} <= set(out)
+    warnings = out["warnings"]
+    assert len(warnings) == 3, warnings
+    assert warnings[0].startswith("A and B replayed different traces")
+    assert warnings[1] == (
+        "A and B ran against different servers (simulated: True vs False; "
+        "engine: None vs sglang)"
+    )
+    assert warnings[2].startswith("B was CLIENT-LIMITED (loop lag P99 80 ms")
+    text = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert text.exit_code == 0, text.output
+    assert text.stderr.splitlines() == [f"warning: {w}" for w in warnings]
+    assert "B is" in text.stdout
+
+
+def test_compare_simulated_runs_by_their_settings_not_their_port(
+    tmp_path: Path,
+    rec: Callable[..., RequestRecord],
+    make_run_dir: Callable[..., Path],
+) -> None:
+    rows = _rows(rec)
+
+    def sim(path: str, args: str, port: int, **more: Any) -> Path:
+        meta = run_meta(endpoint=f"http://127.0.0.1:{port}", sim={"args": args}, **more)
+        return make_run_dir(tmp_path / path, rows, meta=meta)
+
+    a = sim("a", "--speed 50", 40001)
+    same = sim("same", "--speed 50", 40002)
+    slower = sim("slower", "--speed 2", 40003, interrupted=True)
+
+    def warnings(x: Path, y: Path) -> list[str]:
+        res = CliRunner().invoke(main, ["compare", str(x), str(y), "--json"])
+        assert res.exit_code == 0, res.output
+        return list(json.loads(res.stdout)["warnings"])
+
+    assert warnings(a, same) == []
+    assert warnings(a, slower) == [
+        "A and B ran against different servers (simulator: --speed 50 vs --speed 2)",
+        "B is an incomplete run: interrupted (Ctrl-C or SIGTERM)",
+    ]
