@@ -15,6 +15,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from analysis import metrics as m
+from replayer.records import RunMeta
 
 Stat = Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]]
 _MAX_CELLS = 4_000_000  # resampled values held at once (bounds memory on big runs)
@@ -170,3 +171,53 @@ def compare_runs(
             }
         )
     return rows
+
+
+# run.json labels that describe the server (the rest are free-form notes).
+SERVER_LABELS = (
+    "engine", "engine_version", "tp", "ep", "pp", "gpus", "hardware", "precision",
+    "disagg", "kv_offload", "spec_decode", "router",
+)  # fmt: skip
+
+
+def comparability_warnings(a: RunMeta, b: RunMeta) -> list[str]:
+    """What makes runs A and B unlike, one sentence each: different traces (by
+    content hash), different servers (endpoint, model, simulator settings, server
+    labels), a run the client limited, a run that did not end well."""
+    out = []
+    ha, hb = a.trace.content_hash, b.trace.content_hash
+    if ha and hb and ha != hb:
+        out.append(
+            f"A and B replayed different traces (content hash {ha[:12]} vs "
+            f"{hb[:12]}): their figures describe different workloads"
+        )
+    servers = _server_differences(a, b)
+    if servers:
+        out.append(f"A and B ran against different servers ({'; '.join(servers)})")
+    for name, meta in (("A", a), ("B", b)):
+        check = meta.client_check or {}
+        if check.get("limited"):
+            why = "; ".join(str(r) for r in check.get("reasons") or ())
+            out.append(
+                f"{name} was CLIENT-LIMITED ({why or 'see its client_check'}): its "
+                "latencies include the client's own delays"
+            )
+        reason = meta.incomplete_reason
+        if reason is not None:
+            out.append(f"{name} is an incomplete run: {reason}")
+    return out
+
+
+def _server_differences(a: RunMeta, b: RunMeta) -> list[str]:
+    pairs: list[tuple[str, Any, Any]] = [("model", a.model, b.model)]
+    if a.simulated != b.simulated:
+        pairs.append(("simulated", a.simulated, b.simulated))
+    elif a.simulated:  # the built-in simulator listens on a new port every run
+        if a.sim != b.sim:
+            pairs.append(
+                ("simulator", (a.sim or {}).get("args"), (b.sim or {}).get("args"))
+            )
+    else:
+        pairs.append(("endpoint", a.endpoint, b.endpoint))
+    pairs += [(k, a.labels.get(k), b.labels.get(k)) for k in SERVER_LABELS]
+    return [f"{k}: {x} vs {y}" for k, x, y in pairs if x != y]

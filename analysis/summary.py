@@ -140,7 +140,9 @@ def _run_info(run: Run) -> dict[str, Any]:
         "mode": asdict(meta.mode) if known else None,
         "labels": dict(meta.labels) if known else None,
         "duration_s": meta.duration_s,
-        "complete": meta.complete,
+        # Ended on its own, having played what it was meant to; else why not.
+        "complete": meta.incomplete_reason is None,
+        "incomplete_reason": meta.incomplete_reason,
         "problems": list(run.problems),
     }
 

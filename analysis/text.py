@@ -186,7 +186,8 @@ def format_summaries(summaries: Sequence[dict[str, Any]]) -> str:
         for p in s["run"].get("problems", [])
     ]
     notes += [
-        f"{s['run']['name']}: incomplete run (no end time)"
+        f"{s['run']['name']}: incomplete run: "
+        + (s["run"].get("incomplete_reason") or "no end time")
         for s in summaries
         if not s["run"].get("complete", True)
     ]

@@ -17,13 +17,15 @@ import aiohttp
 import orjson
 
 from replayer.clock import Clock
-from replayer.config import EndpointConfig, public_url
+from replayer.config import EndpointConfig, public_url, redact_urls
 from replayer.errors import EndpointError
 from replayer.records import Status
 from replayer.sse import EventFramer, usage_counts
 
 # error_type of an ok row whose server ignored "stream": true.
 NOT_STREAMED = "not_streamed"
+# error_message of a request cut by the read timeout (no byte for that long).
+READ_TIMEOUT = "read timeout"
 
 # Failures that happen before the server could have seen the request: safe to retry
 # once (a stale keep-alive connection closed by the server is the common case).
@@ -59,6 +61,7 @@ class Outcome:
     _slot_since_ns: int = 0  # set by the connector's trace while it queues
     _connect_since_ns: int = 0  # ... and while it connects
     text: list[str] | None = None  # the reply's text, collected when not None
+    last_byte_ns: int = 0  # the latest byte of the answer (0: none arrived)
 
     def end_phase(self, now_ns: int) -> None:
         """Close the open slot wait or connect at ``now_ns``: the connector's end
@@ -78,7 +81,8 @@ class Outcome:
     def fail(self, status: Status, error_type: str, message: str) -> None:
         self.status = status
         self.error_type = error_type
-        self.error_message = message[:500]
+        # Servers and aiohttp quote URLs in errors: their secrets stay out of rows.
+        self.error_message = redact_urls(message)[:500]
 
 
 class ChatClient(Protocol):
@@ -267,9 +271,14 @@ class Client:
                     out.retries += 1
                     continue
                 out.fail("client_error", type(exc).__name__, _describe(exc))
-            except TimeoutError:
-                what = "total" if self.endpoint.total_timeout_s else "read"
-                out.fail("timeout", "TimeoutError", f"{what} timeout")
+            except TimeoutError as exc:
+                if self.endpoint.total_timeout_s:
+                    what = "total timeout"
+                elif isinstance(exc, aiohttp.ConnectionTimeoutError):
+                    what = "connect timeout"
+                else:
+                    what = READ_TIMEOUT
+                out.fail("timeout", "TimeoutError", what)
             except aiohttp.ClientError as exc:
                 out.fail("client_error", type(exc).__name__, _describe(exc))
             except asyncio.CancelledError:
@@ -290,6 +299,7 @@ class Client:
             self._url, data=body, headers=sent, trace_request_ctx=out
         ) as resp:
             out.http_status = resp.status
+            out.last_byte_ns = self.clock.now_ns()
             if resp.status != 200:
                 text = await resp.text(errors="replace")
                 # One plain line: error pages are HTML more often than not.
@@ -317,7 +327,8 @@ class Client:
             data = await content.readany()
             if not data:
                 break  # EOF
-            for stamp, event in framer.feed(data, clock.now_ns()):
+            now = out.last_byte_ns = clock.now_ns()
+            for stamp, event in framer.feed(data, now):
                 if event.done:
                     done = True  # break eagerly: some servers keep the stream open
                     break
@@ -349,7 +360,7 @@ class Client:
 
     async def _whole(self, resp: aiohttp.ClientResponse, out: Outcome) -> None:
         raw = await resp.read()
-        now = self.clock.now_ns()
+        now = out.last_byte_ns = self.clock.now_ns()
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -368,6 +379,49 @@ class Client:
             out.server_prompt_tokens = prompt
             out.completion_tokens = completion
             out.cached_tokens = cached
+
+
+@dataclass(slots=True)
+class ServerWatch:
+    """Whether the server still answers, judged from one process's requests
+    (event-loop owned). It is taken for gone when ``refused_limit`` requests in a
+    row failed without a byte of an answer (refused, reset, timed out) and none was
+    answered between them, or when a read timeout fires and no request in flight
+    has received a byte for the read timeout."""
+
+    silence_ns: int  # the read timeout
+    refused_limit: int = 20
+    unanswered: int = 0  # failures in a row without a byte of an answer
+    last_byte_ns: int = 0  # the latest byte an ended request received
+    _inflight: dict[int, Outcome] = field(default_factory=dict)
+
+    def sent(self, out: Outcome) -> None:
+        """``out`` is about to be sent."""
+        self._inflight[id(out)] = out
+
+    def ended(self, out: Outcome, now_ns: int) -> str | None:
+        """``out`` ended (or was cancelled): why the server is taken for gone, or
+        None while it is not."""
+        self._inflight.pop(id(out), None)
+        if out.http_status is not None or out.last_byte_ns:
+            self.unanswered = 0
+            self.last_byte_ns = max(self.last_byte_ns, out.last_byte_ns)
+        elif out.status in ("client_error", "timeout"):
+            self.unanswered += 1
+        if self.unanswered >= self.refused_limit:
+            last = _one_line(f"{out.error_type}: {out.error_message}", 120)
+            return f"{self.unanswered} requests in a row got no answer (last: {last})"
+        if out.status == "timeout" and out.error_message == READ_TIMEOUT:
+            latest = max(
+                [self.last_byte_ns, *(o.last_byte_ns for o in self._inflight.values())]
+            )
+            if now_ns - latest >= self.silence_ns:
+                return (
+                    f"no byte from it for the read timeout "
+                    f"({self.silence_ns / 1e9:g} s) on any of the "
+                    f"{len(self._inflight) + 1} requests in flight"
+                )
+        return None
 
 
 def _error_text(text: str) -> str:
@@ -389,5 +443,5 @@ def _one_line(text: str, limit: int = 160) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
+    text = redact_urls(str(exc)) or type(exc).__name__
     return text.splitlines()[0][:300] if text else type(exc).__name__

@@ -48,7 +48,7 @@ class EndpointConfig:
             ("http://", "https://")
         ):
             raise ConfigError(
-                f"endpoint must be an http(s) URL (got {self.base_url!r})"
+                f"endpoint must be an http(s) URL (got {public_url(self.base_url)!r})"
             )
         if self.api_key is not None and self.base_url is not None:
             parts = urlsplit(self.base_url)
@@ -101,29 +101,52 @@ class EndpointConfig:
         return d
 
 
-# Query parameters whose values are secrets (api_key, access_token, sig, ...).
-_SECRET_PARAM = re.compile(r"key|token|secret|passw|auth|sig|credential", re.I)
+# Query parameters whose values are secrets: ``bearer``, ``jwt``, ``code`` (an OAuth
+# grant) by name, and any name holding one of the other words (api_key, access_token,
+# X-Amz-Signature, passwd, ...).
+_SECRET_PARAM = re.compile(
+    r"^code$|bearer|jwt|token|secret|key|auth|pass|sig|credential", re.I
+)
+_URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+", re.I)
 
 
 def public_url(url: str | None) -> str | None:
     """``url`` as it may be recorded, logged or printed: without user:password, and
-    with the values of key- or token-like query parameters replaced by ``***``."""
+    with the values of secret-like query (and fragment) parameters replaced by
+    ``***``. A URL that does not parse comes back as ``<unparsable URL>``."""
     if url is None:
         return None
-    parts = urlsplit(url)
-    if parts.username is not None or parts.password is not None:
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        netloc = host + (f":{parts.port}" if parts.port is not None else "")
-        parts = parts._replace(netloc=netloc)
-    if parts.query:
-        query = [
-            (k, "***" if _SECRET_PARAM.search(k) else v)
-            for k, v in parse_qsl(parts.query, keep_blank_values=True)
-        ]
-        parts = parts._replace(query=urlencode(query, safe="*"))
-    return urlunsplit(parts)
+    try:
+        parts = urlsplit(url)
+        if parts.username is not None or parts.password is not None:
+            host = parts.hostname or ""
+            if ":" in host:
+                host = f"[{host}]"
+            netloc = host + (f":{parts.port}" if parts.port is not None else "")
+            parts = parts._replace(netloc=netloc)
+    except ValueError:
+        return "<unparsable URL>"
+    return urlunsplit(
+        parts._replace(query=_redact_params(parts.query))._replace(
+            fragment=_redact_params(parts.fragment)
+        )
+    )
+
+
+def _redact_params(text: str) -> str:
+    if "=" not in text:
+        return text
+    pairs = [
+        (k, "***" if _SECRET_PARAM.search(k) else v)
+        for k, v in parse_qsl(text, keep_blank_values=True)
+    ]
+    return urlencode(pairs, safe="*")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with every http(s) URL in it passed through :func:`public_url`
+    (error messages that quote the URL they failed on)."""
+    return _URL_IN_TEXT.sub(lambda m: public_url(m.group(0)) or "", text)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

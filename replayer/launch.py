@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from replayer import __version__
-from replayer.client import ChatClient, Client
+from replayer.client import ChatClient, Client, ServerWatch
 from replayer.clock import Clock, MonotonicClock, wall_clock_ns
 from replayer.config import (
     EndpointConfig,
@@ -312,6 +312,7 @@ async def replay_trace(
     counters = counters if counters is not None else RunCounters()
     monitor = LoopMonitor(clock, counters, warmup_s=config.warmup_s)
     interrupted = False
+    error: str | None = None
     try:
         async with contextlib.AsyncExitStack() as stack:
             http: Client | None = None
@@ -366,6 +367,7 @@ async def replay_trace(
                 idle=None
                 if config.idle_skip_s is None
                 else IdleSkip(clock, int(config.idle_skip_s * 1e9)),
+                watch=ServerWatch(silence_ns=int(config.endpoint.read_timeout_s * 1e9)),
             )
             await clock.sleep_until(t0)  # workers share a zero slightly in the future
             scraper = (
@@ -386,6 +388,11 @@ async def replay_trace(
             except asyncio.CancelledError:
                 interrupted = True
                 raise
+            except Exception as exc:
+                # A bug or a recorder that cannot write: the run says it did not end
+                # well, whatever the traceback then says.
+                error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                raise
             finally:
                 end = clock.now_ns()
                 meta = replace(
@@ -393,6 +400,7 @@ async def replay_trace(
                     end_unix_ns=(meta.start_unix_ns or 0) + (end - t0),
                     duration_s=(end - t0) / 1e9,
                     interrupted=interrupted,
+                    error=ctx.stop.error or error,
                     counts=counters.counts(trace_requests),
                     recorder={
                         "max_queue_depth": recorder.max_pending,

@@ -280,6 +280,33 @@ class RunCounts:
             **{s: by_status.get(s, 0) for s in FAILED_STATUSES},
         )
 
+    @classmethod
+    def of_table(cls, rows: pa.Table, *, trace_requests: int = 0) -> RunCounts:
+        """Counts of rows read back from part files (RECORD_SCHEMA columns
+        ``status``, ``error_type``, ``output_tokens``, ``requested_output_tokens``):
+        those of a worker that died before it could write its own."""
+        import pyarrow.compute as pc
+
+        by_status = {
+            str(v["values"]): int(v["counts"])
+            for v in pc.value_counts(rows["status"]).to_pylist()
+        }
+        ok = rows.filter(pc.equal(rows["status"], "ok"))
+        short = pc.less(
+            pc.fill_null(ok["output_tokens"], 0), ok["requested_output_tokens"]
+        )
+        return cls.of(
+            by_status,
+            trace_requests=trace_requests,
+            not_streamed=int(
+                pc.sum(
+                    pc.fill_null(pc.equal(ok["error_type"], "not_streamed"), False)
+                ).as_py()
+                or 0
+            ),
+            short_output=int(pc.sum(short).as_py() or 0),
+        )
+
     def __add__(self, other: RunCounts) -> RunCounts:
         """Counts of two workers' shards together."""
         return RunCounts(
@@ -456,6 +483,21 @@ class RunMeta:
     def complete(self) -> bool:
         """False for a run that stopped without writing its end (a crash)."""
         return self.end_unix_ns is not None
+
+    @property
+    def incomplete_reason(self) -> str | None:
+        """Why the run did not play what it was meant to, in a few words (None: it
+        ended on its own): no end written, an error or an abort, Ctrl-C/SIGTERM."""
+        if self.end_unix_ns is None:
+            return "no end time: the run crashed or was killed"
+        if self.error:
+            return f"stopped by an error: {self.error}"
+        aborted = (self.protocol or {}).get("aborted")
+        if aborted:
+            return f"stopped: {aborted}"
+        if self.interrupted:
+            return "interrupted (Ctrl-C or SIGTERM)"
+        return None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready; the keys are the run.json contract."""

@@ -44,6 +44,7 @@ class StopControl:
     cache_warmup_ns: int = 0
     duration_ns: int | None = None  # the window's length, once it is open
     aborted: str | None = None  # why --on-error abort-run stopped the run
+    error: str | None = None  # why the run stopped itself (the server went away)
     window_opened: asyncio.Event = field(default_factory=asyncio.Event)
     abort_event: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -74,6 +75,14 @@ class StopControl:
         """--on-error abort-run: nothing new starts; the schedule cancels the rest."""
         if self.aborted is None:
             self.aborted = reason
+        self.stopping = True
+        self.abort_event.set()
+
+    def fail(self, reason: str) -> None:
+        """The run cannot go on (the server stopped answering): stopped as by
+        :meth:`abort`, with ``reason`` as the run's error."""
+        if self.error is None:
+            self.error = reason
         self.stopping = True
         self.abort_event.set()
 
@@ -200,8 +209,7 @@ async def run_schedule(ctx: RunContext, trace: Trace) -> None:
             side.append(tg.create_task(_at_deadline(ctx, trees), name="deadline"))
         if idle is not None:
             side.append(tg.create_task(idle.run(), name="idle-skip"))
-        if ctx.config.on_error == "abort-run":
-            side.append(tg.create_task(_on_abort(ctx, trees), name="abort"))
+        side.append(tg.create_task(_on_abort(ctx, trees), name="abort"))
         await _start_trees(ctx, trace, start)
         while trees:  # all started: wait for them to drain, then drop the deadline
             await asyncio.wait(set(trees))
@@ -221,7 +229,8 @@ async def _at_deadline(ctx: RunContext, trees: set[asyncio.Task[None]]) -> None:
 
 
 async def _on_abort(ctx: RunContext, trees: set[asyncio.Task[None]]) -> None:
-    """--on-error abort-run: the first failure cancels every tree."""
+    """An abort (--on-error abort-run's first failure, a server gone) cancels
+    every tree."""
     await ctx.stop.abort_event.wait()
     for task in list(trees):
         task.cancel()

@@ -21,11 +21,11 @@ import numpy.typing as npt
 import orjson
 
 from replayer.client import NOT_STREAMED, Outcome
-from replayer.config import TraceTimestamps
+from replayer.config import TraceTimestamps, public_url
 from replayer.records import RequestRecord, Status, tpot_ns
 
 if TYPE_CHECKING:
-    from replayer.client import ChatClient
+    from replayer.client import ChatClient, ServerWatch
     from replayer.clock import Clock
     from replayer.config import EndpointConfig, ReplayConfig
     from replayer.progress import RunCounters
@@ -105,6 +105,7 @@ class RunContext:
     ideal_tokens: dict[str, npt.NDArray[np.int64]]
     admission: asyncio.Semaphore | None  # --max-inflight
     idle: IdleSkip | None = None  # --idle-skip: whole-system idle is skipped
+    watch: ServerWatch | None = None  # stops the run when the server goes away
 
     def rel(self, abs_ns: int) -> int:
         return abs_ns - self.t0_ns
@@ -413,6 +414,9 @@ async def _request(
     if live:
         outcome.text = []
     header = ctx.config.session_header
+    watch = ctx.watch
+    if watch is not None:
+        watch.sent(outcome)
     try:
         if header is None:
             await ctx.client.send(body, outcome)
@@ -433,6 +437,11 @@ async def _request(
         counters.inflight -= 1
         if admission is not None:
             admission.release()
+        if watch is not None:
+            gone = watch.ended(outcome, ctx.clock.now_ns())
+            if gone is not None:
+                url = public_url(ctx.config.endpoint.base_url)
+                ctx.stop.fail(f"the server at {url} stopped answering: {gone}")
     _fill(ctx, rec, outcome)
     ctx.recorder.put(rec)
     if live and rec.status == "ok" and outcome.text is not None and replies is not None:
@@ -494,5 +503,6 @@ def _fill(ctx: RunContext, rec: RequestRecord, out: Outcome) -> None:
         if (rec.output_tokens or 0) < rec.requested_output_tokens:
             counters.short_output += 1
         counters.output_tokens += rec.output_tokens or 0
-        if rec.ttft_ns is not None:
+        # The status line's P90 is the summary's: the measured window only.
+        if rec.ttft_ns is not None and not rec.warmup:
             counters.recent_ttfts_ns.append(rec.ttft_ns)

@@ -462,6 +462,23 @@ def _failure(procs: list[Any], results: dict[int, tuple[str, Any]]) -> str | Non
     return None
 
 
+def _worker_counts(run_dir: Path, worker_id: int) -> RunCounts:
+    """Worker ``worker_id``'s counts: from its run-worker file when it wrote its
+    end, else (killed, or stopped before its end) from the rows it flushed."""
+    import pyarrow.dataset as ds
+
+    path = run_dir / _worker_json(worker_id)
+    own = read_run_json(path).counts if path.is_file() else None
+    if own is not None:
+        return replace(own, trace_requests=0)
+    parts = sorted((run_dir / "requests").glob(f"part-{worker_id:03d}-*.parquet"))
+    if not parts:
+        return RunCounts()
+    columns = ["status", "error_type", "output_tokens", "requested_output_tokens"]
+    table = ds.dataset(parts, format="parquet").to_table(columns=columns)
+    return RunCounts.of_table(table)
+
+
 def _merge(
     run_dir: Path,
     config: ReplayConfig,
@@ -483,9 +500,8 @@ def _merge(
     ]
     base = metas[0] if metas else meta
     counts = RunCounts()
-    for m in metas:
-        if m.counts is not None:
-            counts += replace(m.counts, trace_requests=0)
+    for k in range(n):
+        counts += _worker_counts(run_dir, k)
     merged = replace(
         base,
         worker_id=None,
@@ -499,7 +515,7 @@ def _merge(
         interrupted=interrupted
         or error is not None
         or any(m.interrupted for m in metas),
-        error=error,
+        error=error or next((m.error for m in metas if m.error), None),
         client_check=merge_checks(
             {
                 m.worker_id or 0: m.client_check

@@ -200,7 +200,7 @@ def compare(
 ) -> None:
     """B against A: deltas of headline figures with 95% bootstrap CIs and a verdict
     (better / worse / no clear difference) for B."""
-    from analysis.compare import compare_runs
+    from analysis.compare import comparability_warnings, compare_runs
     from analysis.load import load_run
     from analysis.text import format_comparison
     from replayer.cli.output import echo_json
@@ -221,6 +221,9 @@ def compare(
                     "--mixed-profiles to compare them anyway"
                 )
         rows = compare_runs(a.requests, b.requests, resamples=resamples, seed=seed)
+    warnings = comparability_warnings(a.meta, b.meta)
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
     if as_json:
         echo_json(
             {
@@ -230,6 +233,7 @@ def compare(
                 "seed": seed,
                 "confidence": 0.95,
                 "figures": rows,
+                "warnings": warnings,
             }
         )
         return

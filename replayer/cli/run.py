@@ -603,7 +603,8 @@ def _gate(summaries: list[RunSummary], max_error_rate: float | None) -> None:
 
 
 def _aborted(run_dir: Path) -> str | None:
-    """Why ``--on-error abort-run`` stopped the run (None: it did not)."""
+    """Why the run stopped early on its own: ``--on-error abort-run``, or the server
+    that stopped answering (None: it did not)."""
     import json
 
     from replayer.records import RunMeta
@@ -611,8 +612,8 @@ def _aborted(run_dir: Path) -> str | None:
     path = Path(run_dir) / "run.json"
     if not path.is_file():
         return None
-    protocol = RunMeta.from_dict(json.loads(path.read_text())).protocol or {}
-    aborted = protocol.get("aborted")
+    meta = RunMeta.from_dict(json.loads(path.read_text()))
+    aborted = meta.error or (meta.protocol or {}).get("aborted")
     return str(aborted) if aborted else None
 
 

@@ -444,7 +444,9 @@ def test_cli_run_killed_worker_stops_the_run_and_keeps_rows(tmp_path: Path) -> N
     assert summary["ok"] > 0
     df = pd.read_parquet(run_dir / "requests")
     assert sorted(df["worker_id"].unique()) == [0, 1]  # the dead one's flushed rows
-    assert json.loads((run_dir / "run.json").read_text())["error"].startswith("worker")
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["error"].startswith("worker")
+    assert meta["counts"]["requests"] == len(df)  # the dead worker's rows counted
 
 
 def test_cli_run_error_gate_sets_the_exit_status(tmp_path: Path) -> None:

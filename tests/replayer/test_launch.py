@@ -202,3 +202,106 @@ async def test_launch_counts_what_the_server_ignored_and_keeps_errors_plain(
     assert failed["error_message"] == "500 Internal Server Error boom"
     assert summary.counts.http_error == 1
     assert summary.counts.error_rate == 0.5
+
+
+_SECRETS = {
+    "bearer": "s-bearer",
+    "JWT": "s-jwt",
+    "code": "s-code",
+    "refresh_token": "s-token",
+    "client-secret": "s-secret",
+    "apiKey": "s-key",
+    "x-auth": "s-auth",
+    "passphrase": "s-pass",
+    "X-Amz-Signature": "s-sig",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SECRETS))
+def test_public_url_hides_secret_parameters_and_keeps_the_rest(name: str) -> None:
+    from replayer.config import public_url
+
+    url = f"http://u:pw@127.0.0.1:8000/v1?{name}={_SECRETS[name]}&zipcode=9&keep=yes"
+    shown = public_url(url)
+    assert shown == f"http://127.0.0.1:8000/v1?{name}=***&zipcode=9&keep=yes"
+
+
+async def test_launch_writes_no_url_secret_anywhere(
+    aiohttp_server: Serve, tmp_path: Path
+) -> None:
+    # The server quotes the URL it was called on in its error body, as some
+    # gateways do: the row's error message must not carry the secrets either.
+    from aiohttp import web
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "fake-model"}]})
+
+    async def complete(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"error": {"message": f"no route for {request.url}"}}, status=404
+        )
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", complete)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    query = "&".join(f"{k}={v}" for k, v in _SECRETS.items())
+    url = f"http://user:s-userinfo@127.0.0.1:{server.port}/v1?{query}&region=eu"
+    await replay_trace(
+        trace_of(growing_session("s", 1)), engine_config(url), tmp_path / "run"
+    )
+    parts = sorted((tmp_path / "run" / "requests").glob("part-*.parquet"))
+    df = pd.read_parquet(tmp_path / "run" / "requests")
+    assert df["error_message"].str.contains("no route for http://").all()
+    blobs = [
+        (tmp_path / "run" / "run.json").read_text(),
+        *(pq.read_schema(p).metadata[RUN_METADATA_KEY].decode() for p in parts),
+        *df["error_message"],
+    ]
+    for blob in blobs:
+        for secret in [*_SECRETS.values(), "s-userinfo"]:
+            assert secret not in blob
+    meta = RunMeta.from_dict(json.loads(blobs[0]))
+    assert meta.endpoint is not None
+    assert meta.endpoint.endswith("&region=eu")
+
+
+async def test_merged_run_json_counts_a_killed_workers_flushed_rows(
+    tmp_path: Path,
+) -> None:
+    # Worker 1 was killed: its run-worker file still holds the start (no counts),
+    # but its flushed part files are in the folder and must be counted.
+    from replayer.rundir import read_run_json, write_run_json
+    from replayer.workers import _merge, _worker_json, worker_config
+    from tests.fakes import FakeChatClient, FakeClock
+
+    trace = trace_of(*(growing_session(f"s{k}", 3 + k) for k in range(4)))
+    config = engine_config(schedule=Lanes(concurrency=2), workers=2)
+    run_dir = tmp_path / "run"
+    for k in (0, 1):
+        clock = FakeClock()
+        await replay_trace(
+            trace,
+            worker_config(config, k),
+            run_dir,
+            worker_id=k,
+            clock=clock,
+            client=FakeChatClient(clock, fail=frozenset({2})),
+            run_json_name=_worker_json(k),
+        )
+    killed = run_dir / _worker_json(1)
+    start = replace(read_run_json(killed), counts=None, end_unix_ns=None)
+    write_run_json(killed, start)
+    merged = _merge(
+        run_dir, config, RunMeta(), interrupted=False, error="worker 1 was killed"
+    )
+    df = pd.read_parquet(run_dir / "requests")
+    assert sorted(df["worker_id"].unique()) == [0, 1]
+    assert merged.counts is not None
+    assert merged.counts.requests == len(df) == 3 + 4 + 5 + 6
+    assert merged.counts.ok == (df["status"] == "ok").sum()
+    assert merged.counts.http_error == (df["status"] == "http_error").sum() == 2
+    assert merged.counts.skipped == (df["status"] == "skipped").sum()
+    assert merged.counts.trace_requests == 18
+    on_disk = read_run_json(run_dir / "run.json")
+    assert on_disk.counts == merged.counts

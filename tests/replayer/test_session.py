@@ -5,8 +5,10 @@ prompts built off the event loop."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from replayer.config import EndpointConfig, Lanes
@@ -279,3 +281,37 @@ async def test_queue_inclusive_ttft_of_a_replay_with_a_client_cap(
     assert service == [10_000_000, 10_000_000]
     assert queued == [10_000_000, 20_000_000]
     assert sorted(m.queued_ttft_ms(df)) == [10.0, 20.0]
+
+
+async def test_status_line_p90_is_over_the_measured_window_only(
+    tmp_path: Path,
+) -> None:
+    # Three slow warm-up requests, then fast ones: the live status line must show
+    # the summary's P90 (measured rows), not one inflated by the warm-up.
+    import io
+
+    from replayer.launch import replay_trace
+    from replayer.progress import Progress, RunCounters
+    from tests.fakes import FakeChatClient, FakeClock
+    from tests.replayer.conftest import engine_config
+
+    class SlowFirst(FakeChatClient):
+        async def send(self, body, out=None, *, headers=None):  # type: ignore[no-untyped-def]
+            self.ttft_ns = 500 * MS if len(self.bodies) < 3 else 10 * MS
+            return await super().send(body, out, headers=headers)
+
+    clock = FakeClock()
+    counters = RunCounters()
+    summary = await replay_trace(
+        trace_of(growing_session("s", 10, out=2)),
+        engine_config(warmup_s=1.2),
+        tmp_path / "run",
+        clock=clock,
+        client=SlowFirst(clock),
+        counters=counters,
+    )
+    rows = pd.read_parquet(tmp_path / "run" / "requests")
+    assert rows["warmup"].sum() == 3
+    assert summary.p90_ttft_ms == pytest.approx(10.0)
+    line = Progress(counters, clock, clock.now_ns(), 10, io.StringIO()).line()
+    assert "P90 TTFT 10 ms" in line, line
