@@ -412,7 +412,10 @@ def _mser_cuts(y: npt.NDArray[np.float64], batch: int = 5) -> tuple[int, int]:
     # deviations more than it costs in points), so its window only measures the
     # steady level: the ramp ends where the load first reaches that level's band
     # (mean - 2 standard deviations of the window's batches), the drain starts
-    # after it last leaves it. Dips inside the run are load, not transients.
+    # after it last leaves it. Dips inside the run are load, not transients, and
+    # so is load above the band (subagent bursts early in sessions): a ramp and a
+    # drain lie below the steady level, and the MSER cut alone dropped such
+    # bursts as a transient.
     kept = z[head : k - tail]
     inside = np.flatnonzero(z >= kept.mean() - 2 * kept.std())
     head = min(head, int(inside[0]))
