@@ -84,7 +84,7 @@ def test_report_timeline_throughput_has_no_coalescing_spike(
 
 
 def test_report_capacity_markers_follow_each_metrics_own_verdict() -> None:
-    doc = {
+    doc: dict[str, Any] = {
         "search": {"slo": {"ttft_ms": 100.0, "tpot_ms": 100.0}, "percentile": 90,
                    "mode": "concurrency"},
         "cells": [
@@ -111,6 +111,20 @@ def test_report_capacity_markers_follow_each_metrics_own_verdict() -> None:
         "CLIENT-LIMITED cells, not counted (the replayer, not the server, set their "
         "latencies): c4"
     ]
+    doc["result"] |= {
+        "lower_bound_by_client": True,
+        "client_limit": {"name": "c4"},
+        "thin": True,
+        "answer_range": [1, 2],
+        "thin_because": ["c2 failed within its CI"],
+    }
+    bound, thin = report.capacity_notes(doc)[1:]
+    assert bound.startswith("The answer is a lower bound set by the client (c4")
+    assert bound.endswith("add --workers or --ray")
+    assert thin == (
+        "Thin evidence: the cells support anything from 1 to 2 "
+        "(c2 failed within its CI)"
+    )
 
 
 def test_report_cdf_lines_stay_distinguishable_past_ten_runs(
