@@ -24,9 +24,10 @@ from analysis.text import fmt_value, summary_rows
 _NS_PER_S = 1e9
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222}
-table{border-collapse:collapse;margin:1em 0}
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
-td:first-child,th:first-child{text-align:left}
+.wide{max-width:100%;overflow-x:auto;margin:1em 0}
+table{border-collapse:collapse;font-size:90%}
+td,th{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}
+td:first-child,th:first-child{text-align:left;position:sticky;left:0;background:#fff}
 img{max-width:100%;display:block;margin:1em 0}
 .note{color:#666;font-size:90%}
 """
@@ -57,14 +58,35 @@ def cdf_plot(runs: Sequence[Run], metric: str) -> str:
     return _png(cdf_figure(runs, metric))
 
 
+def line_styles(n: int) -> list[tuple[Any, str]]:
+    """``n`` (colour, line style) pairs, all different: matplotlib's ten colours
+    up to ten lines; beyond, tab20's ten dark shades solid, then its ten light
+    ones dashed, then dotted and dash-dotted rounds."""
+    import matplotlib as mpl
+
+    if n <= 10:
+        cmap = mpl.colormaps["tab10"]
+        return [(cmap(i), "-") for i in range(n)]
+    cmap = mpl.colormaps["tab20"]
+    shades = [cmap(i) for i in range(0, 20, 2)] + [cmap(i) for i in range(1, 20, 2)]
+    dashes = ["-", "--", ":", "-."]
+    return [(shades[i % 20], dashes[(i // 10) % 4]) for i in range(n)]
+
+
 def cdf_figure(runs: Sequence[Run], metric: str) -> Any:
     """The figure of :func:`cdf_plot`."""
     fn = m.ttft_ms if metric == "ttft_ms" else m.e2e_ms
     fig, (ax,) = _figure()
-    for run in runs:
+    for run, (colour, dash) in zip(runs, line_styles(len(runs)), strict=True):
         v = np.sort(fn(run.requests))
         if v.size:
-            ax.plot(v, np.arange(1, v.size + 1) / v.size, label=run.name)
+            ax.plot(
+                v,
+                np.arange(1, v.size + 1) / v.size,
+                label=run.name,
+                color=colour,
+                ls=dash,
+            )
     ax.axhline(0.9, color="#999", lw=0.8, ls="--")
     # Log time: latencies span orders of magnitude, and on a linear axis the body
     # of the distribution sits in a sliver left of the tail.
@@ -74,7 +96,10 @@ def cdf_figure(runs: Sequence[Run], metric: str) -> Any:
     ax.set_ylabel("fraction of requests")
     ax.set_title(f"{metric.removesuffix('_ms').upper()} CDF (ok, measured requests)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    if len(runs) > 6:  # a long legend beside the lines, not over them
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize="small")
     return fig
 
 
@@ -97,8 +122,35 @@ def pareto_plot(table: pd.DataFrame) -> str:
 def capacity_plot(doc: dict[str, Any]) -> str:
     """A capacity search (``capacity.json``): each SLO metric's percentile against
     the level, one panel per metric, with the target line, the CI of each cell, and
-    the knee (the highest level within the SLO) marked."""
+    the knee (the highest level within the SLO) marked. A cell is coloured in each
+    panel by that metric's own verdict; client-limited cells, which count for
+    nothing, are grey squares."""
     return _png(capacity_figure(doc))
+
+
+def capacity_notes(doc: dict[str, Any]) -> list[str]:
+    """What qualifies the answer: client-limited cells, a client-set bound, a range
+    (keys a search before them lacks: no notes)."""
+    result, notes = doc["result"], []
+    limited = result.get("client_limited_cells") or []
+    if limited:
+        notes.append(
+            f"CLIENT-LIMITED cells, not counted (the replayer, not the server, set "
+            f"their latencies): {', '.join(limited)}"
+        )
+    if result.get("lower_bound_by_client"):
+        notes.append(
+            f"The answer is a lower bound set by the client "
+            f"({result['client_limit']['name']} was client-limited); add --workers "
+            "or --ray"
+        )
+    span = result.get("answer_range")
+    if result.get("thin") and span:
+        notes.append(
+            f"Thin evidence: the cells support anything from {span[0]:g} to "
+            f"{span[1]:g} ({'; '.join(result['thin_because'])})"
+        )
+    return notes
 
 
 def capacity_figure(doc: dict[str, Any]) -> Any:
@@ -117,12 +169,23 @@ def capacity_figure(doc: dict[str, Any]) -> Any:
     )
     for ax, key in zip(axes, slos, strict=False):
         target = search["slo"][key]
-        for ok, marker, colour, label in (
+        shown = [c for c in cells if decided[c["level"]] is c]
+
+        def check(c: dict[str, Any], slo: str = key) -> dict[str, Any]:
+            found: dict[str, Any] = next(k for k in c["checks"] if k["slo"] == slo)
+            return found
+
+        for kind, marker, colour, label in (
             (True, "o", "C2", "within SLO"),
             (False, "x", "C3", "over SLO"),
+            (None, "s", "#999", "client-limited (not counted)"),
         ):
-            pts = [c for c in cells if decided[c["level"]] is c and c["pass"] == ok]
-            checks = [next(k for k in c["checks"] if k["slo"] == key) for c in pts]
+            pts = [
+                c
+                for c in shown
+                if (None if c.get("client_limited") else check(c)["pass"]) is kind
+            ]
+            checks = [check(c) for c in pts]
             x = [c["level"] for c in pts]
             y = [k["value_ms"] for k in checks]
             err = [
@@ -339,7 +402,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
         for r in rows
     )
-    return f"<table><tr>{head}</tr>{body}</table>"
+    # A scroll box: a run (or cell) per column outgrows the page at a dozen.
+    return f"<div class='wide'><table><tr>{head}</tr>{body}</table></div>"
 
 
 def render_html(
@@ -379,6 +443,9 @@ def render_html(
             f" ({html.escape(result['status'])}); "
             + html.escape("; ".join(result["failed_because"]) or "no failing level")
             + "</p>"
+        )
+        parts.extend(
+            f"<p><b>{html.escape(n)}</b></p>" for n in capacity_notes(capacity)
         )
         parts.append(capacity_plot(capacity))
     if sweep is not None and not sweep.empty:

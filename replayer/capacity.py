@@ -25,6 +25,15 @@ CI contains a target is "borderline" and, with ``widen_borderline``, is run agai
 for twice the duration; the wider cell's verdict stands. A budget of cells or of
 time ends the search early with the best bounds found so far.
 
+A cell the self-check flags client-limited (``run.json`` ``client_check``: the
+replayer, not the server, set its latencies) is evidence of nothing about the
+server: neither a pass nor a server failure. It bounds the search from above like
+a failure (a higher level asks more of the client), and an answer bounded so is a
+lower bound set by the client. When the cells disagree within their own CIs (a
+level that fails and passes widened, a borderline verdict at either bound, a
+failure below a pass), the result gives the range of levels the evidence supports
+(``answer_range``) beside the one number.
+
 A study: it wires the engine (``replay``) and ``analysis``.
 """
 
@@ -97,16 +106,32 @@ class _Search:
         self.s = search
         self.passed = 0.0  # highest passing level (0 passes by definition)
         self.failed: float | None = None  # lowest failing level
+        self.client: float | None = None  # lowest client-limited level
 
-    def record(self, level: float, ok: bool) -> None:
-        if ok:
+    def record(self, level: float, ok: bool, *, client_limited: bool = False) -> None:
+        if client_limited:
+            if self.client is None or level < self.client:
+                self.client = level
+        elif ok:
             self.passed = max(self.passed, level)
         elif self.failed is None or level < self.failed:
             self.failed = level
 
+    @property
+    def upper(self) -> float | None:
+        """The lowest level above the answer that did not pass: failed, or set by
+        the client."""
+        bounds = [b for b in (self.failed, self.client) if b is not None]
+        return min(bounds) if bounds else None
+
+    @property
+    def client_bound(self) -> bool:
+        """The answer's upper bound is a client-limited cell, not a failure."""
+        return self.client is not None and self.client == self.upper
+
     def next_level(self) -> float | None:
         """The next level to run, or None when the bounds are as close as asked."""
-        s, lo, hi = self.s, self.passed, self.failed
+        s, lo, hi = self.s, self.passed, self.upper
         if hi is None:  # still ramping
             if s.max_level is not None and lo >= s.max_level:
                 return None
@@ -122,7 +147,7 @@ class _Search:
 
     @property
     def status(self) -> Status:
-        if self.failed is None:
+        if self.upper is None:
             return "ceiling" if self.next_level() is None else "running"
         return "found" if self.next_level() is None else "running"
 
@@ -239,12 +264,22 @@ def run_capacity(
                         progress=progress,
                     )
                     verdict = _judge(out / name, search, summary.counts.error_rate)
+                    limited = summary.client_limited
                     cell = {
                         "name": name,
                         "level": level,
                         "duration_s": cell_s,
                         "widened_from": widened_from,
-                        "pass": verdict["pass"],
+                        # A client-limited cell never passes: its latencies are
+                        # the replayer's; "slo_pass" keeps what the SLO said.
+                        "pass": verdict["pass"] and not limited,
+                        "slo_pass": verdict["pass"],
+                        "client_limited": limited,
+                        "client_reasons": list(
+                            (summary.client_check or {}).get("reasons", [])
+                        )
+                        if limited
+                        else [],
                         "borderline": verdict["borderline"],
                         "requests": summary.requests,
                         "ok": summary.ok,
@@ -262,10 +297,11 @@ def run_capacity(
                         cell["borderline"]
                         and search.widen_borderline
                         and not widened_from
+                        and not limited  # a longer run cannot free the client
                     ):
                         break
                     widened_from, cell_s = name, cell_s * 2
-                bounds.record(level, cell["pass"])
+                bounds.record(level, cell["pass"], client_limited=limited)
                 level = bounds.next_level()
         except KeyboardInterrupt:
             save("interrupted")
@@ -299,9 +335,14 @@ def _result(
     for c in cells:
         at[c["level"]] = c
     failing = at.get(limit) if limit is not None else None
-    first_fail = next((c for c in cells if not c["pass"]), None)
+    server = [c for c in cells if not c.get("client_limited")]
+    first_fail = next((c for c in server if not c["pass"]), None)
+    client = at.get(bounds.client) if bounds.client is not None else None
     key = "max_session_rate" if search.rate else "max_concurrency"
     value: float | int = best if search.rate else int(best)
+    low, high, because = _answer_range(server, best)
+    if not search.rate:
+        low, high = int(low), int(high)
     out: dict[str, Any] = {
         "status": status,
         key: value,
@@ -317,5 +358,63 @@ def _result(
             else None
         ),
         "stopped_because": stopped,
+        "client_limited_cells": [c["name"] for c in cells if c.get("client_limited")],
+        # The answer's bound above is a client-limited cell: the server may hold
+        # more; the client could not tell.
+        "lower_bound_by_client": bounds.client_bound,
+        "client_limit": (
+            {
+                "name": client["name"],
+                "level": client["level"],
+                "reasons": client["client_reasons"],
+            }
+            if client is not None and bounds.client_bound
+            else None
+        ),
+        "answer_range": [low, high],
+        "thin": bool(because),
+        "thin_because": because,
     }
     return out
+
+
+def _answer_range(
+    cells: list[dict[str, Any]], best: float
+) -> tuple[float, float, list[str]]:
+    """The levels the cells' evidence supports as the answer (low, high), and why
+    the range is wider than ``best`` (empty: it is exactly ``best``).
+
+    A level is *solid* when the cell that decided it (the last run there: a
+    widened one) is not borderline (its CI does not contain the target). Low: the
+    highest level up to which every level run is a solid pass (0 if none). High:
+    the highest level not a solid failure below the lowest solid failure.
+    Client-limited cells are not given here: they are no evidence about the
+    server.
+    """
+    levels: dict[float, list[dict[str, Any]]] = {}
+    for c in cells:
+        levels.setdefault(c["level"], []).append(c)
+
+    def solid(group: list[dict[str, Any]], ok: bool) -> bool:
+        return group[-1]["pass"] is ok and not group[-1]["borderline"]
+
+    low = 0.0
+    for level in sorted(levels):
+        if not solid(levels[level], True):
+            break
+        low = level
+    fails = [lv for lv, g in levels.items() if solid(g, False)]
+    ceiling = min(fails) if fails else math.inf
+    maybe = [lv for lv, g in levels.items() if lv < ceiling and not solid(g, False)]
+    high = max([best, *maybe])
+    low = min(low, best)
+    if low == high:
+        return low, high, []
+    # What the range rests on: every cell run inside it.
+    because = [
+        f"{c['name']} {'passed' if c['pass'] else 'failed'}"
+        + (" within its CI" if c["borderline"] else "")
+        for c in sorted(cells, key=lambda c: (c["level"], c["duration_s"]))
+        if low < c["level"] <= high
+    ]
+    return low, high, because

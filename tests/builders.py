@@ -294,3 +294,23 @@ def codex_token_count(
 
     info = {"total_token_usage": usage(total), "last_token_usage": usage(last)}
     return codex_record(t, "event_msg", {"type": "token_count", "info": info})
+
+
+# -- capacity documents ------------------------------------------------------------
+
+
+def capacity_cell(
+    name: str, level: int, ttft: tuple[float, bool], tpot: tuple[float, bool], **kw: Any
+) -> dict[str, Any]:
+    """A ``capacity.json`` cell judged on TTFT and TPOT against 100 ms targets:
+    (value, pass) of each."""
+    checks = [
+        {"slo": slo, "metric": metric, "target_ms": 100.0, "value_ms": v,
+         "ci_ms": [v * 0.9, v * 1.1], "pass": ok, "borderline": False}
+        for slo, metric, (v, ok) in (
+            ("ttft_ms", "queued_ttft_ms", ttft), ("tpot_ms", "tpot_ms", tpot)
+        )
+    ]  # fmt: skip
+    return {"name": name, "level": level, "duration_s": 1.0, "checks": checks,
+            "pass": ttft[1] and tpot[1], "borderline": False, "reasons": [],
+            "window": None, "ok": 30, "error_rate": 0.0, **kw}  # fmt: skip

@@ -26,8 +26,14 @@ def _ms(v: float | None) -> str:
     return f"{v / 1000:,.2f} s" if v >= 1000 else f"{v:,.1f} ms"
 
 
+def _verdict(cell: dict[str, Any]) -> str:
+    if cell.get("client_limited"):
+        return "CLIENT-LIMITED"
+    return "pass" if cell["pass"] else "FAIL"
+
+
 def _cell_line(cell: dict[str, Any], percentile: float) -> str:
-    verdict = "pass" if cell["pass"] else "FAIL"
+    verdict = _verdict(cell)
     if cell["borderline"]:
         verdict += " (borderline)"
     figures = ", ".join(
@@ -36,7 +42,14 @@ def _cell_line(cell: dict[str, Any], percentile: float) -> str:
     )
     err = cell["error_rate"]
     errors = f", errors {err:.1%}" if err else ""
-    return f"{cell['name']}: {verdict}: {figures}{errors} ({cell['ok']:,} ok)"
+    line = f"{cell['name']}: {verdict}: {figures}{errors} ({cell['ok']:,} ok)"
+    if cell.get("client_limited"):
+        line += (
+            "; not counted: the replayer, not the server, limited it ("
+            + "; ".join(cell.get("client_reasons", []))
+            + ")"
+        )
+    return line
 
 
 def format_capacity(doc: dict[str, Any]) -> str:
@@ -55,7 +68,7 @@ def format_capacity(doc: dict[str, Any]) -> str:
         [
             c["name"],
             f"{c['level']:g}",
-            ("pass" if c["pass"] else "FAIL") + (" ~" if c["borderline"] else ""),
+            _verdict(c) + (" ~" if c["borderline"] else ""),
             "-" if not c["window"] else f"{c['window']['length_s']:,.1f}",
             f"{c['ok']:,}",
             *(_ms(k["value_ms"]) for k in c["checks"]),
@@ -69,6 +82,11 @@ def format_capacity(doc: dict[str, Any]) -> str:
     ]
     if any(c["borderline"] for c in doc["cells"]):
         lines.append("~ borderline: the percentile's 95% CI contains the target")
+    if any(c.get("client_limited") for c in doc["cells"]):
+        lines.append(
+            "CLIENT-LIMITED: the self-check found the replayer, not the server, "
+            "limiting the cell; it counts as neither a pass nor a failure"
+        )
     best = result["max_level"]
     per_gpu = (
         f" ({result['per_gpu']:,.3g} per GPU)"
@@ -76,6 +94,21 @@ def format_capacity(doc: dict[str, Any]) -> str:
         else ""
     )
     lines.append(f"max {what} within the SLO (p{pct:g} {slo}): {best:g}{unit}{per_gpu}")
+    span = result.get("answer_range")
+    if result.get("thin") and span:
+        lines.append(
+            f"  thin evidence: the cells support anything from {span[0]:g} to "
+            f"{span[1]:g}{unit}, not {best:g} exactly ("
+            + "; ".join(result["thin_because"])
+            + ")"
+        )
+    if result.get("lower_bound_by_client"):
+        bound = result["client_limit"]
+        lines.append(
+            f"  a lower bound set by the client: {bound['name']} was "
+            "CLIENT-LIMITED, so the server was not judged there; add --workers "
+            "or --ray"
+        )
     status = result["status"]
     if status == "ceiling":
         lines.append(f"  every level up to {best:g} passed (the highest asked for)")

@@ -239,23 +239,91 @@ def test_report_is_self_contained_html(
     _screenshot(out, tmp_path)
 
 
-def _screenshot(page: Path, tmp_path: Path) -> None:
+_WINDOW_PX = 1200
+
+
+def _chromium(tmp_path: Path, *args: str) -> str:
     chromium = shutil.which("chromium") or (
         "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
     )
     if chromium is None:
         pytest.skip("chromium not installed (.ci/run installs it): no screenshot check")
-    shot = tmp_path / "shot.png"
-    subprocess.run(
+    return subprocess.run(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu",
          "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'prof'}",
-         f"--screenshot={shot}", "--window-size=1200,2000", page.as_uri()],
-        check=True, capture_output=True, timeout=90,
-    )  # fmt: skip
+         f"--window-size={_WINDOW_PX},2000", *args],
+        check=True, capture_output=True, timeout=90, text=True,
+    ).stdout  # fmt: skip
+
+
+def _screenshot(page: Path, tmp_path: Path) -> Path:
+    shot = tmp_path / "shot.png"
+    _chromium(tmp_path, f"--screenshot={shot}", page.as_uri())
     data = shot.read_bytes()
     assert data.startswith(b"\x89PNG")
     assert len(data) > 20_000
+    return shot
+
+
+def _page_width_px(page: Path, tmp_path: Path) -> int:
+    """How wide the page lays out in the screenshot's window (Chromium's own
+    layout: a copy of the page that writes its scroll width into the DOM)."""
+    probe = tmp_path / "probe.html"
+    probe.write_text(
+        page.read_text().replace(
+            "</body>",
+            "<script>document.body.setAttribute('data-width', "
+            "document.documentElement.scrollWidth)</script></body>",
+        )
+    )
+    dom = _chromium(tmp_path, "--dump-dom", probe.as_uri())
+    found = re.search(r'data-width="(\d+)"', dom)
+    assert found, dom[:200]
+    return int(found.group(1))
+
+
+def test_report_of_a_14_cell_capacity_search_fits_the_page(
+    tmp_path: Path,
+    rec: Callable[..., RequestRecord],
+    make_sweep_dir: Callable[..., Path],
+) -> None:
+    from analysis.metrics import Slo
+    from replayer.capacity import CapacitySearch, _result, _Search
+    from replayer.cli.capacity import format_capacity
+    from tests.builders import capacity_cell
+
+    levels = list(range(1, 15))
+    folder = make_sweep_dir(
+        tmp_path / "cap", {f"c{c}": _random_run(c, 30, rec)[0] for c in levels}
+    )
+    # TTFT fails from 9 on, TPOT never; 12 and up were client-limited.
+    cells = [
+        capacity_cell(
+            f"c{c}", c, (40.0 * c, c < 9), (30.0, True),
+            client_limited=c >= 12, client_reasons=["dispatch lag P99 80 ms > 50 ms"],
+        )
+        for c in levels
+    ]  # fmt: skip
+    search = CapacitySearch(slo=Slo(ttft_ms=350.0, tpot_ms=100.0))
+    bounds = _Search(search)
+    for c in cells:
+        bounds.record(c["level"], c["pass"], client_limited=c["client_limited"])
+    doc = {
+        "search": {"slo": {"ttft_ms": 350.0, "tpot_ms": 100.0},
+                   "percentile": 90, "mode": "concurrency"},
+        "cells": cells,
+        "result": _result(search, bounds, cells, "found", None),
+    }  # fmt: skip
+    (folder / "capacity.json").write_text(json.dumps(doc))
+    assert "c12   12     CLIENT-LIMITED" in format_capacity(doc)
+    out = tmp_path / "report.html"
+    _invoke("report", str(folder), "-o", str(out))
+    page = out.read_text()
+    assert "CLIENT-LIMITED cells, not counted" in page
+    assert "c12, c13, c14" in page
+    assert _page_width_px(out, tmp_path) <= _WINDOW_PX  # the 15-column table scrolls
+    _screenshot(out, tmp_path)
 
 
 def test_import_analysis_does_not_load_aiohttp() -> None:

@@ -10,9 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from analysis import metrics as m
 from analysis import report
 from analysis.load import load_run
 from replayer.records import RequestRecord
+from tests.builders import capacity_cell
 
 MS = 1_000_000
 
@@ -70,7 +72,7 @@ def test_report_timeline_throughput_has_no_coalescing_spike(
     ]  # fmt: skip
     run = load_run(make_run_dir(tmp_path / "r", rows))
     t, tok_s = report._binned_output_rate(
-        run.requests, report.m.column(run.requests, "end_ns")
+        run.requests, m.column(run.requests, "end_ns")
     )
     assert t.size == 200
     total = float(np.sum(tok_s * np.diff(np.append(t, t[-1] + (t[1] - t[0])))))
@@ -79,3 +81,68 @@ def test_report_timeline_throughput_has_no_coalescing_spike(
     fig = report.timeline_figure(run)
     top = fig.axes[0]
     assert top.get_ylim()[1] < 10_000
+
+
+def test_report_capacity_markers_follow_each_metrics_own_verdict() -> None:
+    doc: dict[str, Any] = {
+        "search": {"slo": {"ttft_ms": 100.0, "tpot_ms": 100.0}, "percentile": 90,
+                   "mode": "concurrency"},
+        "cells": [
+            capacity_cell("c1", 1, (50, True), (20, True)),
+            capacity_cell("c2", 2, (150, False), (30, True)),  # TTFT fails only
+            capacity_cell("c4", 4, (40, True), (40, True), client_limited=True),
+        ],
+        "result": {"max_level": 1, "client_limited_cells": ["c4"]},
+    }  # fmt: skip
+    ttft_ax, tpot_ax = report.capacity_figure(doc).axes
+
+    def levels(ax: Any) -> dict[str, list[float]]:
+        return {c.get_label(): list(c.lines[0].get_xdata()) for c in ax.containers}
+
+    assert levels(ttft_ax) == {
+        "within SLO": [1], "over SLO": [2], "client-limited (not counted)": [4]
+    }  # fmt: skip
+    # c2 is within the TPOT target: green there, not red below the line.
+    assert levels(tpot_ax) == {
+        "within SLO": [1, 2], "client-limited (not counted)": [4]
+    }  # fmt: skip
+    notes = report.capacity_notes(doc)
+    assert notes == [
+        "CLIENT-LIMITED cells, not counted (the replayer, not the server, set their "
+        "latencies): c4"
+    ]
+    doc["result"] |= {
+        "lower_bound_by_client": True,
+        "client_limit": {"name": "c4"},
+        "thin": True,
+        "answer_range": [1, 2],
+        "thin_because": ["c2 failed within its CI"],
+    }
+    bound, thin = report.capacity_notes(doc)[1:]
+    assert bound.startswith("The answer is a lower bound set by the client (c4")
+    assert bound.endswith("add --workers or --ray")
+    assert thin == (
+        "Thin evidence: the cells support anything from 1 to 2 "
+        "(c2 failed within its CI)"
+    )
+
+
+def test_report_cdf_lines_stay_distinguishable_past_ten_runs(
+    tmp_path: Path,
+    timed: Callable[..., RequestRecord],
+    make_run_dir: Callable[..., Path],
+) -> None:
+    def rows(k: int) -> list[RequestRecord]:
+        return [
+            timed(request_index=i, start_ms=i, ttft_ms=10 + k + i, e2e_ms=200, out=5)
+            for i in range(5)
+        ]
+
+    runs = [load_run(make_run_dir(tmp_path / f"c{k}", rows(k))) for k in range(14)]
+    (ax,) = report.cdf_figure(runs, "ttft_ms").axes
+    lines = [ln for ln in ax.get_lines() if ln.get_label() in {r.name for r in runs}]
+    assert len(lines) == 14
+    styles = {(ln.get_color(), ln.get_linestyle()) for ln in lines}
+    assert len(styles) == 14  # no two runs drawn alike
+    assert len({ln.get_color() for ln in lines}) == 14  # tab20: colours alone differ
+    assert len(set(report.line_styles(30))) == 30

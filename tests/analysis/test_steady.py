@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from analysis import metrics as m
@@ -21,6 +22,8 @@ from analysis.steady import (
 from analysis.summary import summarize
 from replayer.records import RequestRecord, steady_window
 from traces.stats import mser_truncation
+
+FloatArray = npt.NDArray[np.float64]
 
 
 def test_mser_by_hand() -> None:
@@ -120,6 +123,131 @@ def test_steady_window_of_a_flat_run_is_the_whole_run() -> None:
     assert w.tail_s < 15
 
 
+def _lanes(
+    rng: np.random.Generator,
+    joins_s: npt.ArrayLike,
+    leaves_s: npt.ArrayLike,
+    *,
+    dur_s: float,
+    subagents: Callable[[float], float],
+) -> tuple[FloatArray, FloatArray]:
+    """(start_s, end_s) of lanes that join at ``joins_s`` and send back to back
+    (requests of 0.5-1.5 x ``dur_s``) until they leave at ``leaves_s``; a request
+    sent at t brings 1-2 subagent requests alongside with probability
+    ``subagents(t)`` (the plateau's noise)."""
+    starts, ends = [], []
+    for join, leave in zip(np.asarray(joins_s), np.asarray(leaves_s), strict=True):
+        t = float(join)
+        while t < leave:
+            d = float(rng.uniform(0.5, 1.5)) * dur_s
+            starts.append(t)
+            ends.append(t + d)
+            if rng.random() < subagents(t):
+                for _ in range(int(rng.integers(1, 3))):
+                    starts.append(t)
+                    ends.append(t + float(rng.uniform(0.3, 1.0)) * d)
+            t += d
+    return np.array(starts), np.array(ends)
+
+
+def test_steady_window_of_the_readme_weka_run_ends_before_the_drain(
+    tmp_path: Path, make_run_dir: Callable[..., Path]
+) -> None:
+    # The README's Weka run at concurrency 8: 8-11 requests in flight (subagents,
+    # busiest in the first seconds) from ~4 s to 65 s, then 5 -> 2 -> 1 over the
+    # last 35 s. On the recorded run the alternating cuts kept the whole drain
+    # (18.2-101.2 s); here they drop the first 18 s of steady load.
+    from tests.builders import timed_record
+
+    rng = np.random.default_rng(0)
+    joins = np.linspace(0, 4, 8)
+    leaves = np.array([65, 65.5, 66, 71, 71.5, 72, 80, 100.0])
+    starts, ends = _lanes(
+        rng,
+        joins,
+        leaves,
+        dur_s=0.25,
+        subagents=lambda t: 0.5 if t < 18 else 0.15 if t < 65 else 0.0,
+    )
+    rows = [
+        timed_record(
+            start_ms=st * 1000,
+            ttft_ms=20.0,
+            e2e_ms=(en - st) * 1000,
+            out=8,
+            session_id=f"r{k}",
+            scheduled_ns=int(st * 1e9),
+        )
+        for k, (st, en) in enumerate(zip(starts, ends, strict=True))
+    ]
+    run = load_run(make_run_dir(tmp_path / "weka", rows))
+    w = window_of(m.numeric_view(run.requests))
+    assert w is not None
+    assert w.start_ns <= 10e9  # keeps the steady load from the start
+    assert 55e9 <= w.end_ns <= 67e9  # ends where the drain begins
+    window = summarize(run).as_dict()["steady_state"]["window"]
+    assert window["end_s"] == pytest.approx(w.end_ns / 1e9)
+    assert window["tail_excluded_s"] >= 34
+
+
+def _ramp_plateau_drain(seed: int) -> tuple[FloatArray, FloatArray, float, float]:
+    """A random run of lanes: a ramp (lanes join), a noisy plateau, a drain (lanes
+    leave, often in a long tail); (start_s, end_s, plateau start, plateau end)."""
+    rng = np.random.default_rng(seed)
+    lanes = int(rng.integers(4, 17))
+    total = float(rng.uniform(60, 600))
+    ramp = float(rng.uniform(0, 0.15)) * total
+    drain = float(rng.uniform(0.05, 0.35)) * total
+    plateau_end = total - drain
+    # Powers spread the joins and leaves unevenly: a few early, a long tail, ...
+    joins = ramp * (np.arange(lanes) / (lanes - 1)) ** np.exp(rng.uniform(-1, 1))
+    leave_at = (np.arange(1, lanes + 1) / lanes) ** np.exp(rng.uniform(-1, 2))
+    leaves = plateau_end + drain * leave_at
+    first_leave = float(leaves.min())
+    rate = float(rng.uniform(0.05, 0.4))
+    starts, ends = _lanes(
+        rng,
+        joins,
+        rng.permutation(leaves),
+        dur_s=float(rng.uniform(0.2, 3)),
+        subagents=lambda t: rate if ramp <= t < first_leave else 0.0,
+    )
+    return starts, ends, ramp, first_leave
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_steady_window_lies_inside_a_known_plateau_and_covers_most_of_it(
+    seed: int,
+) -> None:
+    starts, ends, p0, p1 = _ramp_plateau_drain(seed)
+    w = steady_window(starts * 1e9, ends * 1e9)
+    assert w is not None
+    # The window moves in batches of 5 bins, and the first lane to leave still
+    # ends its last request (at most 1.5 x 3 s): that much slack at each edge.
+    batch_s = 5 * (w.run_end_ns - w.run_start_ns) / w.bins / 1e9
+    start_s, end_s = w.start_ns / 1e9, w.end_ns / 1e9
+    assert start_s >= p0 - batch_s
+    assert end_s <= p1 + 4.5 + batch_s
+    assert min(end_s, p1) - max(start_s, p0) >= 0.8 * (p1 - p0)
+
+
+@pytest.mark.parametrize("seed", range(0, 80, 4))
+def test_steady_window_of_the_reversed_run_is_the_mirror_image(seed: int) -> None:
+    # One choice of both cuts, no alternation that starts from one end: played
+    # backwards, the ramp is the drain and the window is the same, mirrored (an
+    # iteration cap has nothing to change).
+    starts, ends, _, _ = _ramp_plateau_drain(seed)
+    fwd = steady_window(starts * 1e9, ends * 1e9)
+    top = float(ends.max())
+    back = steady_window((top - ends) * 1e9, (top - starts) * 1e9)
+    assert fwd is not None
+    assert back is not None
+    assert back.bins == fwd.bins
+    one_bin_s = (fwd.run_end_ns - fwd.run_start_ns) / fwd.bins / 1e9
+    assert back.head_s == pytest.approx(fwd.tail_s, abs=one_bin_s)
+    assert back.tail_s == pytest.approx(fwd.head_s, abs=one_bin_s)
+
+
 def test_steady_window_few_rows_keeps_everything() -> None:
     w = steady_window([0, 10, 20], [5, 15, 30])
     assert w is not None
@@ -192,7 +320,9 @@ def test_slo_verdict_pass_fail_and_borderline(
         for k, t in enumerate(ttfts)
     ]
     df = m.numeric_view(load_run(make_run_dir(tmp_path / "r", rows)).requests)
-    p90 = steady_state(df)["queued_ttft_ms"]["p90"]
+    figures = steady_state(df)
+    assert figures is not None
+    p90 = figures["queued_ttft_ms"]["p90"]
     assert slo_verdict(df, m.Slo(ttft_ms=p90 * 2))["pass"]
     bad = slo_verdict(df, m.Slo(ttft_ms=p90 / 2, tpot_ms=1000))
     assert not bad["pass"]
@@ -203,7 +333,7 @@ def test_slo_verdict_pass_fail_and_borderline(
     assert near["pass"]
     assert near["borderline"]
     # The percentile is the caller's.
-    p50 = steady_state(df)["queued_ttft_ms"]["p50"]
+    p50 = figures["queued_ttft_ms"]["p50"]
     assert slo_verdict(df, m.Slo(ttft_ms=p50 + 1), percentile=50)["pass"]
     assert not slo_verdict(df, m.Slo(ttft_ms=p50 + 1), percentile=90)["pass"]
 

@@ -16,7 +16,7 @@ from analysis.load import load_run
 from analysis.steady import slo_verdict
 from replayer.capacity import CapacitySearch, _Search
 from replayer.errors import ConfigError
-from tests.builders import request, session, trace_of
+from tests.builders import capacity_cell, request, session, trace_of
 from traces.io import write_trace
 
 REPLAYER = [sys.executable, "-m", "replayer"]
@@ -108,7 +108,8 @@ _SMALL_KV = "--kv-capacity-tokens 10000 --max-model-len 3600"
 
 def _cell(doc: dict[str, Any], level: float) -> dict[str, Any]:
     """The cell that decided ``level`` (the last run there)."""
-    return [c for c in doc["cells"] if c["level"] == level][-1]
+    cells: list[dict[str, Any]] = doc["cells"]
+    return [c for c in cells if c["level"] == level][-1]
 
 
 def test_capacity_finds_the_kv_knee_of_the_sim(tmp_path: Path) -> None:
@@ -245,3 +246,109 @@ def test_capacity_searches_the_session_rate_and_honours_max_time(
     meta = json.loads((out / "r2" / "run.json").read_text())
     assert meta["mode"]["kind"] == "session_rate"
     assert meta["mode"]["session_rate"] == 2.0
+
+
+def test_search_takes_a_client_limited_level_as_a_bound_not_a_failure() -> None:
+    # The server holds 10; the client cannot drive 6 or more.
+    bounds = _Search(CapacitySearch(slo=m.Slo(ttft_ms=1)))
+    seen = []
+    level = bounds.next_level()
+    while level is not None:
+        seen.append(level)
+        bounds.record(level, level <= 10, client_limited=level >= 6)
+        level = bounds.next_level()
+    assert seen == [1, 2, 4, 8, 6, 5]
+    assert (bounds.passed, bounds.failed, bounds.client) == (5, None, 6)
+    assert bounds.status == "found"
+    assert bounds.client_bound
+
+
+def _fake_cell(name: str, level: float, ok: bool, borderline: bool) -> dict[str, Any]:
+    return capacity_cell(
+        name,
+        int(level),
+        (99.0 if ok else 100.2, ok),
+        (20.0, True),
+        borderline=borderline,
+        duration_s=2.0 if name.endswith("-wide") else 1.0,
+        client_limited=False,
+        reasons=[] if ok else ["queued_ttft p90 100.2 ms > 100 ms"],
+    )
+
+
+def test_capacity_answer_is_a_range_when_cells_disagree_within_their_cis() -> None:
+    from replayer.capacity import _result
+    from replayer.cli.capacity import format_capacity
+
+    search = CapacitySearch(slo=m.Slo(ttft_ms=100), start=32)
+    runs = [  # (name, level, pass, borderline), in the order they ran
+        ("c32", 32, True, False), ("c64", 64, False, False),
+        ("c48", 48, False, True), ("c48-wide", 48, False, True),
+        ("c40", 40, True, False), ("c44", 44, True, False),
+        ("c46", 46, False, False),
+        ("c45", 45, False, True), ("c45-wide", 45, True, True),
+    ]  # fmt: skip
+    bounds = _Search(search)
+    cells = []
+    for name, level, ok, borderline in runs:
+        cells.append(_fake_cell(name, level, ok, borderline))
+        if not borderline or name.endswith("-wide"):
+            bounds.record(level, ok)
+    result = _result(search, bounds, cells, bounds.status, None)
+    assert result["max_concurrency"] == 45
+    # 44 and below passed clearly; 45 failed once and passed widened, within its
+    # CI; 46 failed clearly. 48 failed only within its CI, but above 46.
+    assert result["answer_range"] == [44, 45]
+    assert result["thin"] is True
+    assert result["thin_because"] == [
+        "c45 failed within its CI",
+        "c45-wide passed within its CI",
+    ]
+    # Without the clear failure at 46, 48's failures within their CIs leave 48 open.
+    cells = [c for c in cells if c["name"] != "c46"]
+    result = _result(search, bounds, cells, bounds.status, None)
+    assert result["answer_range"] == [44, 48]
+    text = format_capacity(
+        {"search": {"slo": {"ttft_ms": 100}, "percentile": 90, "mode": "concurrency"},
+         "cells": cells, "result": result}
+    )  # fmt: skip
+    assert "thin evidence: the cells support anything from 44 to 48, not 45" in text
+    # Clear verdicts on both sides: one number.
+    clear = [_fake_cell("c4", 4, True, False), _fake_cell("c5", 5, False, False)]
+    b = _Search(search)
+    b.record(4, True)
+    b.record(5, False)
+    result = _result(search, b, clear, "found", None)
+    assert result["answer_range"] == [4, 4]
+    assert result["thin"] is False
+    assert result["lower_bound_by_client"] is False
+
+
+def test_capacity_never_counts_a_client_limited_cell(tmp_path: Path) -> None:
+    # --max-inflight 1 under 16 lanes: each request waits for the other fifteen in
+    # the client, so the self-check flags the cell (requests sent late), whatever
+    # the SLO says.
+    out = tmp_path / "cap"
+    sim = "--decode-base-ms 1 --prefill-us-per-token 1"
+    r = _capacity(
+        str(_knee_trace(tmp_path / "t.jsonl")),
+        "--slo", "ttft=100s", "--out", str(out), "--duration", "5",
+        "--start", "16", "--max-level", "16", "--max-cells", "1",
+        "--max-inflight", "1", "--sim-args", sim,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "capacity.json").read_text())
+    (cell,) = doc["cells"]
+    assert cell["client_limited"] is True
+    assert cell["client_reasons"]
+    assert cell["slo_pass"] is True  # the SLO held, but it is no evidence
+    assert cell["pass"] is False
+    result = doc["result"]
+    assert result["max_concurrency"] == 0
+    assert result["client_limited_cells"] == ["c16"]
+    assert result["lower_bound_by_client"] is True
+    assert result["client_limit"]["name"] == "c16"
+    assert "c16: CLIENT-LIMITED" in r.stderr
+    assert r.stdout.splitlines()[1].split()[:3] == ["c16", "16", "CLIENT-LIMITED"]
+    (line,) = [s for s in r.stdout.splitlines() if "lower bound set by the client" in s]
+    assert "add --workers or --ray" in line
