@@ -118,11 +118,15 @@ def test_cli_run_bad_url_and_bad_trace_exit_2(tmp_path: Path) -> None:
     assert "field 'in'" in res.stderr
 
 
+@pytest.mark.timeout(200)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_cli_run_interrupt_flushes_and_exits_130(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
-    trace = _small_trace(tmp_path / "t.jsonl", sessions=4, turns=20, out=400)
+    # 2 s requests, 200 turns a session: the run lasts minutes, so the signal always
+    # lands mid-run, and only once the first part file shows the run (and with it
+    # the signal handler) under way.
+    trace = _small_trace(tmp_path / "t.jsonl", sessions=4, turns=200, out=400)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [
@@ -140,16 +144,25 @@ def test_cli_run_interrupt_flushes_and_exits_130(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its simulator goes down with it if the test fails
     )
-    deadline = time.monotonic() + 60
-    while (
-        not list((run_dir / "requests").glob("part-*.parquet"))
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.2)
-    time.sleep(0.5)
-    proc.send_signal(sig)
-    _out, err = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 120
+        while (
+            not list((run_dir / "requests").glob("part-*.parquet"))
+            and time.monotonic() < deadline
+            and proc.poll() is None
+        ):
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+        assert list((run_dir / "requests").glob("part-*.parquet"))
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert "Traceback" not in err
@@ -486,17 +499,22 @@ def test_cli_run_error_gate_sets_the_exit_status(tmp_path: Path) -> None:
     ],
 )
 def test_cli_run_rejects_flags_that_do_nothing(
-    tmp_path: Path, flags: list[str], message: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
 ) -> None:
     from click.testing import CliRunner
 
     from replayer.cli import main
 
     trace = _small_trace(tmp_path / "t.jsonl", sessions=1, turns=1)
+    # Without --out a run goes to ./runs/<id>: an empty folder of its own shows
+    # that none was made (the user's own ./runs is none of this test's business).
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     res = CliRunner().invoke(main, ["run", str(trace), "--quiet", *flags])
     assert res.exit_code == 2, res.output
     assert message in res.output
-    assert not Path("runs").exists() or not any(Path("runs").iterdir())
+    assert list(cwd.iterdir()) == []
 
 
 @pytest.mark.timeout(180)
