@@ -212,6 +212,7 @@ def test_cli_sweep_runs_one_dir_per_level(tmp_path: Path) -> None:
     assert len(salts) == 2  # levels do not share the server's cache
 
 
+@pytest.mark.timeout(240)
 def test_cli_demo(tmp_path: Path) -> None:
     res = _cli("demo", "--quiet", "--out", str(tmp_path / "demo"), timeout=180)
     assert res.returncode == 0, res.stderr
@@ -244,7 +245,7 @@ def test_cli_weka_sample_replays_exactly_against_sim(
         "--quiet",
         "--sim-args",
         "--speed 1000",
-        timeout=600,
+        timeout=540,  # under the test's 600: the child is killed, the test says why
     )
     assert res.returncode == 0, res.stderr
     trace = read_trace(weka_dir)
@@ -282,9 +283,10 @@ def test_cli_weka_sample_replays_exactly_against_sim(
 
 @pytest.mark.timeout(300)
 def test_cli_mooncake_timestamps_speedup(mooncake_file: Path, tmp_path: Path) -> None:
-    # The real Mooncake sample through the command line at 50x: ~150 requests/s for
-    # 8 s. Exact timing of the timestamps mode is checked in virtual time
-    # (test_schedule); here the real file, the CLI and the sim.
+    # The real Mooncake sample (one request a session) through the command line at
+    # 50x for 8 s: ~150 requests/s. How many go out depends on this machine's load
+    # (the scheduler may fall behind, and nothing starts past the deadline); which
+    # go out, and when each was due, does not.
     run_dir = tmp_path / "mc"
     res = _cli(
         "run",
@@ -301,21 +303,22 @@ def test_cli_mooncake_timestamps_speedup(mooncake_file: Path, tmp_path: Path) ->
         "--quiet",
         "--sim-args",
         "--speed 100",
-        timeout=300,
+        timeout=240,
     )
     assert res.returncode == 0, res.stderr
     df = pd.read_parquet(run_dir / "requests")
     trace = read_trace(mooncake_file)
-    first = pd.Series({s.session_id: s.start_s for s in trace.sessions})
-    # Every request due in the first 80% of the window was sent (a shared machine
-    # can delay the last ones past the end); all of them completed.
-    due = int(((first - first.min()) / 50 < 6.4).sum())
-    assert due > 900
-    assert len(df) >= due
+    ids = [s.session_id for s in trace.sessions]
+    start = pd.Series([s.start_s for s in trace.sessions], index=ids, dtype=float)
+    due_ns = ((start - start.min()) / 50 * 1e9).astype("int64")
+    # Each request is scheduled at its trace time / 50, to the nanosecond.
+    assert (df["scheduled_ns"] == df["session_id"].map(due_ns)).all()
+    assert not df.duplicated("session_id").any()
+    # What went out is the trace's first sessions, in order, and none due after
+    # the 8 s window (1,177 are due inside it).
+    assert 0 < len(df) <= int((due_ns < 8e9).sum()) == 1177
+    assert set(df["session_id"]) == set(ids[: len(df)])
     assert (df["status"] == "ok").mean() > 0.99
-    assert df["scheduled_ns"].max() <= 8e9
-    exp = (df["session_id"].map(first) - first.min()) * 1e9 / 50
-    assert (df["scheduled_ns"] - exp).abs().max() < 1e6
 
 
 def test_cli_run_workers_share_one_zero_and_one_run_dir(tmp_path: Path) -> None:
@@ -427,6 +430,7 @@ def test_cli_run_killed_worker_stops_the_run_and_keeps_rows(tmp_path: Path) -> N
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its workers and simulator go down with it
     )
     try:
         deadline = time.monotonic() + 90
@@ -445,7 +449,8 @@ def test_cli_run_killed_worker_stops_the_run_and_keeps_rows(tmp_path: Path) -> N
         stopped_in = time.monotonic() - killed_at
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
     assert proc.returncode == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
