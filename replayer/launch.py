@@ -201,19 +201,31 @@ async def served_model(endpoint: EndpointConfig) -> str:
 def run_async(factory: Callable[[], Awaitable[T]]) -> T:
     """``asyncio.run`` with SIGTERM treated like Ctrl-C: the run is cancelled, every
     ``finally`` flushes, and KeyboardInterrupt comes out either way."""
+    terms: list[int] = []
 
     async def main() -> T:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        if task is not None:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signal.SIGTERM, task.cancel)
+
+        def on_sigterm() -> None:
+            terms.append(signal.SIGTERM)
+            if task is not None:
+                task.cancel()
+
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGTERM, on_sigterm)
         return await factory()
 
     try:
-        return asyncio.run(main())
+        result = asyncio.run(main())
     except asyncio.CancelledError:
         raise KeyboardInterrupt from None
+    if terms:
+        # The signal came as the work ended (its handler ran once the task was
+        # done, while the loop shut down): cancelling did nothing, yet it still
+        # asks the process to stop, not to report success.
+        raise KeyboardInterrupt
+    return result
 
 
 def provider_cache_hit_rate(trace: Trace) -> float | None:

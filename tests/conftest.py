@@ -1,8 +1,14 @@
-"""Fixtures shared by all test packages: where the real sample traces live."""
+"""Fixtures shared by all test packages: where the real sample traces live, and the
+session's check that no test left a process running."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +23,32 @@ if str(REPO) not in sys.path:
 
 # The real traces sit beside the repository (../shared/data), never inside it.
 SHARED_DATA = REPO / ".." / "shared" / "data"
+
+# Children still exiting when the session ends (a SIGTERM'd server flushing) get
+# this long before they count as left behind.
+_LEFTOVER_GRACE_S = 10.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftover_processes() -> Iterator[None]:
+    """At the end of the session, fail naming every process the tests started that
+    still runs (and kill it, so that it does not outlive the run). Engines started
+    by .ci/engines.sh are not pytest's children and do not count."""
+    from tests.processes import descendants
+
+    yield
+    deadline = time.monotonic() + _LEFTOVER_GRACE_S
+    left = descendants(os.getpid())
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = descendants(os.getpid())
+    if not left:
+        return
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    listed = "\n".join(f"  pid {pid}: {cmd}" for pid, cmd in sorted(left.items()))
+    pytest.fail(f"the tests left {len(left)} process(es) running:\n{listed}")
 
 
 @pytest.fixture(scope="session")

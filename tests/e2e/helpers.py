@@ -55,7 +55,7 @@ class Run:
 
 
 def replay(
-    url: str, model: str, trace: Path, out: Path, *args: str, timeout: float = 600
+    url: str, model: str, trace: Path, out: Path, *args: str, timeout: float = 540
 ) -> Run:
     """``replayer run`` against ``url``; fails the test with its output if it fails."""
     cmd = [

@@ -20,6 +20,9 @@ from tests.builders import capacity_cell, request, session, trace_of
 from traces.io import write_trace
 
 REPLAYER = [sys.executable, "-m", "replayer"]
+# A search waits up to 300 s for `capacity`, the knee test also for analyze and the
+# report: over pytest's default 120 s.
+pytestmark = pytest.mark.timeout(660)
 
 
 def _levels(search: CapacitySearch, holds: float) -> tuple[list[float], _Search]:
@@ -163,7 +166,7 @@ def test_capacity_finds_the_kv_knee_of_the_sim(tmp_path: Path) -> None:
     assert len(entry["levels"]) == len(doc["cells"])
     rep = subprocess.run(
         [*REPLAYER, "report", str(out), "-o", str(tmp_path / "r.html")],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     assert rep.returncode == 0, rep.stderr
     assert "Capacity under the SLO" in (tmp_path / "r.html").read_text()

@@ -118,11 +118,15 @@ def test_cli_run_bad_url_and_bad_trace_exit_2(tmp_path: Path) -> None:
     assert "field 'in'" in res.stderr
 
 
+@pytest.mark.timeout(200)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_cli_run_interrupt_flushes_and_exits_130(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
-    trace = _small_trace(tmp_path / "t.jsonl", sessions=4, turns=20, out=400)
+    # 2 s requests, 200 turns a session: the run lasts minutes, so the signal always
+    # lands mid-run, and only once the first part file shows the run (and with it
+    # the signal handler) under way.
+    trace = _small_trace(tmp_path / "t.jsonl", sessions=4, turns=200, out=400)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [
@@ -140,16 +144,25 @@ def test_cli_run_interrupt_flushes_and_exits_130(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its simulator goes down with it if the test fails
     )
-    deadline = time.monotonic() + 60
-    while (
-        not list((run_dir / "requests").glob("part-*.parquet"))
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.2)
-    time.sleep(0.5)
-    proc.send_signal(sig)
-    _out, err = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 120
+        while (
+            not list((run_dir / "requests").glob("part-*.parquet"))
+            and time.monotonic() < deadline
+            and proc.poll() is None
+        ):
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+        assert list((run_dir / "requests").glob("part-*.parquet"))
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert "Traceback" not in err
@@ -199,6 +212,7 @@ def test_cli_sweep_runs_one_dir_per_level(tmp_path: Path) -> None:
     assert len(salts) == 2  # levels do not share the server's cache
 
 
+@pytest.mark.timeout(240)
 def test_cli_demo(tmp_path: Path) -> None:
     res = _cli("demo", "--quiet", "--out", str(tmp_path / "demo"), timeout=180)
     assert res.returncode == 0, res.stderr
@@ -231,7 +245,7 @@ def test_cli_weka_sample_replays_exactly_against_sim(
         "--quiet",
         "--sim-args",
         "--speed 1000",
-        timeout=600,
+        timeout=540,  # under the test's 600: the child is killed, the test says why
     )
     assert res.returncode == 0, res.stderr
     trace = read_trace(weka_dir)
@@ -269,9 +283,10 @@ def test_cli_weka_sample_replays_exactly_against_sim(
 
 @pytest.mark.timeout(300)
 def test_cli_mooncake_timestamps_speedup(mooncake_file: Path, tmp_path: Path) -> None:
-    # The real Mooncake sample through the command line at 50x: ~150 requests/s for
-    # 8 s. Exact timing of the timestamps mode is checked in virtual time
-    # (test_schedule); here the real file, the CLI and the sim.
+    # The real Mooncake sample (one request a session) through the command line at
+    # 50x for 8 s: ~150 requests/s. How many go out depends on this machine's load
+    # (the scheduler may fall behind, and nothing starts past the deadline); which
+    # go out, and when each was due, does not.
     run_dir = tmp_path / "mc"
     res = _cli(
         "run",
@@ -288,21 +303,22 @@ def test_cli_mooncake_timestamps_speedup(mooncake_file: Path, tmp_path: Path) ->
         "--quiet",
         "--sim-args",
         "--speed 100",
-        timeout=300,
+        timeout=240,
     )
     assert res.returncode == 0, res.stderr
     df = pd.read_parquet(run_dir / "requests")
     trace = read_trace(mooncake_file)
-    first = pd.Series({s.session_id: s.start_s for s in trace.sessions})
-    # Every request due in the first 80% of the window was sent (a shared machine
-    # can delay the last ones past the end); all of them completed.
-    due = int(((first - first.min()) / 50 < 6.4).sum())
-    assert due > 900
-    assert len(df) >= due
+    ids = [s.session_id for s in trace.sessions]
+    start = pd.Series([s.start_s for s in trace.sessions], index=ids, dtype=float)
+    due_ns = ((start - start.min()) / 50 * 1e9).astype("int64")
+    # Each request is scheduled at its trace time / 50, to the nanosecond.
+    assert (df["scheduled_ns"] == df["session_id"].map(due_ns)).all()
+    assert not df.duplicated("session_id").any()
+    # What went out is the trace's first sessions, in order, and none due after
+    # the 8 s window (1,177 are due inside it).
+    assert 0 < len(df) <= int((due_ns < 8e9).sum()) == 1177
+    assert set(df["session_id"]) == set(ids[: len(df)])
     assert (df["status"] == "ok").mean() > 0.99
-    assert df["scheduled_ns"].max() <= 8e9
-    exp = (df["session_id"].map(first) - first.min()) * 1e9 / 50
-    assert (df["scheduled_ns"] - exp).abs().max() < 1e6
 
 
 def test_cli_run_workers_share_one_zero_and_one_run_dir(tmp_path: Path) -> None:
@@ -414,6 +430,7 @@ def test_cli_run_killed_worker_stops_the_run_and_keeps_rows(tmp_path: Path) -> N
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its workers and simulator go down with it
     )
     try:
         deadline = time.monotonic() + 90
@@ -432,7 +449,8 @@ def test_cli_run_killed_worker_stops_the_run_and_keeps_rows(tmp_path: Path) -> N
         stopped_in = time.monotonic() - killed_at
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
     assert proc.returncode == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
@@ -488,17 +506,22 @@ def test_cli_run_error_gate_sets_the_exit_status(tmp_path: Path) -> None:
     ],
 )
 def test_cli_run_rejects_flags_that_do_nothing(
-    tmp_path: Path, flags: list[str], message: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
 ) -> None:
     from click.testing import CliRunner
 
     from replayer.cli import main
 
     trace = _small_trace(tmp_path / "t.jsonl", sessions=1, turns=1)
+    # Without --out a run goes to ./runs/<id>: an empty folder of its own shows
+    # that none was made (the user's own ./runs is none of this test's business).
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     res = CliRunner().invoke(main, ["run", str(trace), "--quiet", *flags])
     assert res.exit_code == 2, res.output
     assert message in res.output
-    assert not Path("runs").exists() or not any(Path("runs").iterdir())
+    assert list(cwd.iterdir()) == []
 
 
 @pytest.mark.timeout(180)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -88,13 +90,15 @@ async def test_launch_wrong_model_is_an_endpoint_error(
 async def test_launch_cancelled_midway_leaves_readable_run_and_no_task(
     aiohttp_server: Serve, tmp_path: Path
 ) -> None:
-    url = await _serve(aiohttp_server, FakeLLM(itl_s=0.05))
-    trace = trace_of(*(growing_session(f"c{i}", 4) for i in range(2)))
+    # Each first request streams for 50 s: both are in flight when the cancel
+    # comes, however slowly this machine got them there.
+    fake = FakeLLM(itl_s=0.05)
+    url = await _serve(aiohttp_server, fake)
+    trace = trace_of(*(growing_session(f"c{i}", 4, out=1000) for i in range(2)))
     cfg = engine_config(url, schedule=Lanes(concurrency=2), duration_s=3600.0)
     task = asyncio.ensure_future(replay_trace(trace, cfg, tmp_path / "run"))
-    while not (tmp_path / "run" / "run.json").exists():  # noqa: ASYNC110 - a file
+    while fake.active < 2:  # noqa: ASYNC110 - the server's count, no event
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0.1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -305,3 +309,28 @@ async def test_merged_run_json_counts_a_killed_workers_flushed_rows(
     assert merged.counts.trace_requests == 18
     on_disk = read_run_json(run_dir / "run.json")
     assert on_disk.counts == merged.counts
+
+
+def test_launch_sigterm_as_the_work_ends_is_not_a_success() -> None:
+    # The signal is sent by the work itself as its last act: its handler runs once
+    # the task is done, when cancelling no longer does anything.
+    code = (
+        "import os, signal\n"
+        "from replayer.launch import run_async\n"
+        "async def work():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return 1\n"
+        "try:\n"
+        "    run_async(work)\n"
+        "except KeyboardInterrupt:\n"
+        "    raise SystemExit(130)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode == 130, res.stderr

@@ -41,6 +41,8 @@ from tests.ray_cluster import (
 from traces.io import write_trace
 
 pytest.importorskip("ray", reason="the Ray tests need the [ray] extra (or [test])")
+# Each test waits up to 240 s for one command, the first also for the cluster.
+pytestmark = pytest.mark.timeout(600)
 
 REPLAYER = [sys.executable, "-m", "replayer"]
 
@@ -132,6 +134,7 @@ def test_ray_killed_actor_ends_the_run_with_one_line_and_keeps_rows(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its simulator goes down with it
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
@@ -149,7 +152,7 @@ def test_ray_killed_actor_ends_the_run_with_one_line_and_keeps_rows(
         _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     assert proc.returncode == 2, err
     lines = err.strip().splitlines()

@@ -140,3 +140,21 @@ def start_sim() -> StartSim:
             yield SimClient(session, url, cfg.model)
 
     return start
+
+
+@pytest.fixture
+def modelled_steps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every step time the simulated engine models, in seconds, in order: what it
+    sleeps, however loaded the machine. A request's share is what it adds while it
+    runs alone."""
+    from replayer.sim.engine import Engine
+
+    steps: list[float] = []
+    sleep = Engine._sleep
+
+    async def recorded(self: Engine, duration_s: float) -> None:
+        steps.append(duration_s)
+        await sleep(self, duration_s)
+
+    monkeypatch.setattr(Engine, "_sleep", recorded)
+    return steps
