@@ -26,9 +26,9 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from replayer.client import Client  # noqa: E402
-from replayer.clock import MonotonicClock  # noqa: E402
-from replayer.config import EndpointConfig  # noqa: E402
+from replayer.clock import MonotonicClock
+from replayer.config import EndpointConfig
+from replayer.play.client import Client
 
 TTFT_S, ITL_S, TOKENS = 0.050, 0.010, 32
 FAST_TOKENS = 4000
@@ -208,7 +208,7 @@ async def loop_stall_ms(off_loop: bool) -> float:
     thread (ours) or inline on the loop (the baseline)."""
     import numpy as np
 
-    from replayer.session import PromptBuilder
+    from replayer.play.session import PromptBuilder
     from traces.materialize import Materializer, PromptConfig
     from traces.model import Request, Session
 

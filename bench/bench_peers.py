@@ -394,7 +394,7 @@ def main() -> None:
                     r = tools[tool](sim.url, src, conc, n, work)
                     r["sim"] = sim.metrics()
                     r["sim_cpu_s"] = sim.cpu_s() - sim_cpu0
-                except Exception as exc:  # noqa: BLE001 - report and go on
+                except Exception as exc:
                     print(f"  {name} {tool} rep {rep}: FAILED {exc}")
                     continue
                 finally:

@@ -54,7 +54,7 @@ def hwm():
             return int(line.split()[1]) / 1024
 t0 = time.perf_counter()
 import replayer.launch
-from replayer.rundir import trace_content_hash
+from replayer.records.rundir import trace_content_hash
 from traces.io import read_trace
 from traces.stats import ideal_cached_tokens, ideal_hit_totals
 out = {'imports': (time.perf_counter() - t0, hwm())}

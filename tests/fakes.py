@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from replayer.client import Outcome
+from replayer.play.client import Outcome
 
 
 @dataclass

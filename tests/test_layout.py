@@ -82,53 +82,6 @@ def _imported_modules(path: Path) -> set[str]:
     return mods
 
 
-# Studies run many replays and judge them: they sit above engine and analysis.
-_STUDIES = {"sweep.py", "capacity.py"}
-_ENTRY = {"__main__.py"}  # `python -m replayer` is the command line
-# The request path: from the schedule to the recorder.
-_REQUEST_PATH = {
-    "schedule.py",
-    "session.py",
-    "client.py",
-    "sse.py",
-    "recorder.py",
-    "scrape.py",
-    "progress.py",
-}
-
-
-def test_layout_engine_never_imports_analysis_or_the_cli() -> None:
-    engine = [p for p in _sources(REPO / "replayer") if p.name not in _STUDIES | _ENTRY]
-    assert {p.name for p in engine} >= _REQUEST_PATH | {"launch.py", "records.py"}
-    offenders = {
-        p.name: sorted(
-            m
-            for m in _imported_modules(p)
-            if m.split(".")[0] == "analysis" or m.split(".")[:2] == ["replayer", "cli"]
-        )
-        for p in engine
-    }
-    assert {k: v for k, v in offenders.items() if v} == {}
-
-
-def test_layout_request_path_never_imports_the_sim() -> None:
-    # Starting the simulator is the launcher's job, through one helper.
-    for p in _sources(REPO / "replayer"):
-        sims = {m for m in _imported_modules(p) if m.startswith("replayer.sim")}
-        if p.name in _REQUEST_PATH:
-            assert sims == set(), p.name
-        elif p.name == "launch.py":
-            assert sims <= {"replayer.sim.process"}, sims
-
-
-def test_layout_sim_imports_no_engine_module() -> None:
-    allowed = {"replayer.errors"}  # the exception root shared by every command
-    for p in sorted((REPO / "replayer" / "sim").rglob("*.py")):
-        ours = {m for m in _imported_modules(p) if m.split(".")[0] == "replayer"}
-        engine = {m for m in ours if not m.startswith("replayer.sim")} - allowed
-        assert engine == set(), (p.name, engine)
-
-
 def test_layout_analysis_error_root_is_its_own() -> None:
     from analysis.errors import AnalysisError
     from replayer.errors import ReplayerError
@@ -137,3 +90,135 @@ def test_layout_analysis_error_root_is_its_own() -> None:
     roots = (AnalysisError, ReplayerError, TraceError)
     for root in roots:
         assert root.__bases__ == (Exception,)
+
+
+# The layers of replayer/, top to bottom (DESIGN.md, "Layout"): a module imports only
+# modules of lower layers, or of its own layer. Lazy and type-only imports count. A name
+# ending in "." is a sub-package (all its modules), any other a single module.
+_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("replayer.__main__",),
+    ("replayer.cli.",),
+    ("replayer.studies.",),
+    ("replayer.launch",),
+    ("replayer.runner.",),
+    ("replayer.play.",),
+    ("replayer.records.",),
+    ("replayer.sim.",),
+    # The base every layer may use: the package's own name and version, the exception
+    # root, the clock, the typed config and the parent-death lifeline.
+    (
+        "replayer",
+        "replayer.errors",
+        "replayer.clock",
+        "replayer.config",
+        "replayer.lifeline",
+    ),
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every module of the three packages → the modules of the three it imports
+    (anywhere in the file: lazy and TYPE_CHECKING imports included)."""
+    paths = [
+        p
+        for pkg in ("replayer", "traces", "analysis")
+        for p in (REPO / pkg).rglob("*.py")
+    ]
+    names = {_module_name(p) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for p in paths:
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{p}: relative import"
+                base = node.module or ""
+                for alias in node.names:  # `from pkg import module` names a module
+                    full = f"{base}.{alias.name}"
+                    found.add(full if full in names else base)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        graph[_module_name(p)] = {m for m in found if m in names} - {_module_name(p)}
+    return graph
+
+
+def _layer(module: str) -> int:
+    for i, names in enumerate(_LAYERS):
+        for name in names:
+            if module == name.rstrip(".") or (
+                name.endswith(".") and module.startswith(name)
+            ):
+                return i
+    raise AssertionError(f"{module}: in no layer of replayer/ (add it to one)")
+
+
+def test_layout_replayer_layers_import_downwards_only() -> None:
+    graph = _import_graph()
+    wrong = []
+    for module, imported in sorted(graph.items()):
+        if not module.startswith("replayer"):
+            continue
+        here = _layer(module)
+        for other in sorted(imported):
+            if not other.startswith("replayer"):
+                continue
+            there = _layer(other)
+            if there < here:
+                wrong.append(f"{module} (layer {here}) imports {other} (layer {there})")
+    assert wrong == []
+
+
+def test_layout_analysis_imports_only_the_records_of_replayer() -> None:
+    graph = _import_graph()
+    wrong = {
+        module: sorted(
+            m
+            for m in imported
+            if m.startswith("replayer") and not m.startswith("replayer.records")
+        )
+        for module, imported in graph.items()
+        if module.startswith("analysis")
+    }
+    assert {k: v for k, v in wrong.items() if v} == {}
+
+
+def test_layout_has_no_import_cycle() -> None:
+    graph = _import_graph()
+    # Tarjan's strongly connected components: any of more than one module is a cycle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert cycles == []

@@ -12,26 +12,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from replayer.cli.errors import CommandError, errors_as_messages
+from replayer.cli.params import parse_slo_option
 
 if TYPE_CHECKING:
     from analysis.load import Run
     from analysis.metrics import Slo
 
 _RUN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
-
-
-def _parse_slo(
-    _ctx: click.Context, _param: click.Parameter, value: str | None
-) -> Slo | None:
-    if value is None:
-        return None
-    from analysis.errors import AnalysisError
-    from analysis.metrics import parse_slo
-
-    try:
-        return parse_slo(value)
-    except AnalysisError as exc:
-        raise click.BadParameter(str(exc)) from exc
 
 
 def _summaries(
@@ -87,7 +74,7 @@ _ANALYSIS_OPTIONS = (
     ),
     click.option(
         "--slo",
-        callback=_parse_slo,
+        callback=parse_slo_option,
         help="Objectives for goodput, e.g. ttft=2s,tpot=50ms,e2e=60s.",
     ),
     click.option(

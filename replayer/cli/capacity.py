@@ -1,5 +1,5 @@
 """`replayer capacity`: the most concurrent session trees (or the highest session
-rate) a server holds within an SLO (``replayer.capacity``)."""
+rate) a server holds within an SLO (``replayer.studies.capacity``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from replayer.cli.analysis import _parse_slo
 from replayer.cli.errors import errors_as_messages, interrupted
+from replayer.cli.params import parse_slo_option
 from replayer.cli.run import (
     _check_ray,
     _reject_idle_flags,
@@ -135,7 +135,7 @@ def format_capacity(doc: dict[str, Any]) -> str:
     "--slo",
     "slo",
     required=True,
-    callback=_parse_slo,
+    callback=parse_slo_option,
     help="Objectives a cell must meet, e.g. ttft=2s,tpot=50ms,e2e=60s (TTFT and "
     "E2E are judged from the scheduled send time: client queueing counts).",
 )
@@ -224,8 +224,8 @@ def capacity(
     Each cell replays for --duration (default 60 s), recycling the trace's trees;
     the default cell error limit is 10% (--max-error-rate).
     """
-    from replayer.capacity import CapacitySearch, run_capacity
     from replayer.cli.output import echo_json
+    from replayer.studies.capacity import CapacitySearch, run_capacity
 
     if opts["timestamps"]:
         raise click.UsageError(

@@ -27,7 +27,7 @@ def run_demo(out: Path, *, sessions: int, concurrency: int, quiet: bool) -> str:
     from analysis.text import format_summaries
     from replayer.config import EndpointConfig, Lanes, ReplayConfig
     from replayer.launch import replay
-    from replayer.rundir import new_run_id
+    from replayer.records.rundir import new_run_id
     from traces.generate import PRESETS, generate_trace
     from traces.io import write_trace
     from traces.materialize import PromptConfig

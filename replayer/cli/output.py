@@ -13,6 +13,8 @@ def _json_default(value: object) -> object:
 
 def echo_json(obj: object) -> None:
     """Print ``obj`` as one JSON object on stdout."""
-    from replayer.rundir import strict_json  # the one NaN → null rule (heavy imports)
+    from replayer.records.rundir import (
+        strict_json,  # the one NaN → null rule (heavy imports)
+    )
 
     click.echo(json.dumps(strict_json(obj), default=_json_default))

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
+
+if TYPE_CHECKING:
+    from analysis.metrics import Slo
 
 
 def int_list(text: str, *, minimum: int, example: str) -> list[int]:
@@ -17,3 +22,18 @@ def int_list(text: str, *, minimum: int, example: str) -> list[int]:
     if not values or min(values) < minimum:
         raise click.BadParameter(f"values must be >= {minimum}, got {text!r}")
     return values
+
+
+def parse_slo_option(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> Slo | None:
+    """An ``--slo`` option's callback: the parsed SLO, or a usage error."""
+    if value is None:
+        return None
+    from analysis.errors import AnalysisError
+    from analysis.metrics import parse_slo
+
+    try:
+        return parse_slo(value)
+    except AnalysisError as exc:
+        raise click.BadParameter(str(exc)) from exc

@@ -16,7 +16,7 @@ from replayer.cli.params import int_list
 
 if TYPE_CHECKING:
     from replayer.config import ReplayConfig
-    from replayer.progress import RunSummary
+    from replayer.play.progress import RunSummary
 
 
 class GateFailed(click.ClickException):
@@ -434,7 +434,7 @@ def build_config(
         Schedule,
         TraceTimestamps,
     )
-    from replayer.rundir import new_run_id
+    from replayer.records.rundir import new_run_id
     from traces.materialize import PromptConfig
 
     modes = [
@@ -637,7 +637,7 @@ def run(
 ) -> None:
     """Replay TRACE against an OpenAI-compatible endpoint; write a run directory."""
     from replayer.launch import replay
-    from replayer.rundir import new_run_id
+    from replayer.records.rundir import new_run_id
 
     run_id = new_run_id()
     run_dir = out or Path("runs") / run_id
@@ -689,7 +689,7 @@ def _levels(text: str) -> list[int]:
 @_replay_options
 def sweep(trace_path: Path, levels: str, out: Path, **opts: Any) -> None:
     """Replay TRACE once per concurrency level into SWEEP_DIR/c<N>/."""
-    from replayer.sweep import run_sweep
+    from replayer.studies.sweep import run_sweep
 
     concurrency = _levels(levels)
     if opts["session_rate"] is not None or opts["timestamps"]:

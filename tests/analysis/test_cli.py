@@ -289,8 +289,8 @@ def test_report_of_a_14_cell_capacity_search_fits_the_page(
     make_sweep_dir: Callable[..., Path],
 ) -> None:
     from analysis.metrics import Slo
-    from replayer.capacity import CapacitySearch, _result, _Search
     from replayer.cli.capacity import format_capacity
+    from replayer.studies.capacity import CapacitySearch, _result, _Search
     from tests.builders import capacity_cell
 
     levels = list(range(1, 15))

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from replayer.config import EndpointConfig, ReplayConfig
-from replayer.launch import replay_trace
-from replayer.progress import RunSummary
+from replayer.play.progress import RunSummary
+from replayer.runner.local import replay_trace
 from tests.fakes import FakeChatClient, FakeClock
 from traces.materialize import PromptConfig
 from traces.model import Trace

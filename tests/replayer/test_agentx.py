@@ -24,9 +24,9 @@ from analysis.metrics import counts, numeric_view
 from analysis.summary import summarize
 from replayer.config import Lanes, ReplayConfig
 from replayer.errors import ConfigError
-from replayer.launch import replay_trace
+from replayer.play.session import start_index
 from replayer.records import RunMeta
-from replayer.session import start_index
+from replayer.runner.local import replay_trace
 from tests.builders import request, session, trace_of
 from tests.fakes import FakeChatClient, FakeClock, FakeLLM, make_fake_llm_app
 from tests.replayer.conftest import engine_config

@@ -14,8 +14,8 @@ import pytest
 from analysis import metrics as m
 from analysis.load import load_run
 from analysis.steady import slo_verdict
-from replayer.capacity import CapacitySearch, _Search
 from replayer.errors import ConfigError
+from replayer.studies.capacity import CapacitySearch, _Search
 from tests.builders import capacity_cell, request, session, trace_of
 from traces.io import write_trace
 
@@ -280,8 +280,8 @@ def _fake_cell(name: str, level: float, ok: bool, borderline: bool) -> dict[str,
 
 
 def test_capacity_answer_is_a_range_when_cells_disagree_within_their_cis() -> None:
-    from replayer.capacity import _result
     from replayer.cli.capacity import format_capacity
+    from replayer.studies.capacity import _result
 
     search = CapacitySearch(slo=m.Slo(ttft_ms=100), start=32)
     runs = [  # (name, level, pass, borderline), in the order they ran

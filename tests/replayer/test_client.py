@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 
-from replayer.client import Client, Outcome
 from replayer.clock import MonotonicClock
 from replayer.config import EndpointConfig
 from replayer.errors import EndpointError
+from replayer.play.client import Client, Outcome
 from tests.fakes import FakeLLM, make_fake_llm_app
 
 Serve = Callable[..., Awaitable[TestServer]]

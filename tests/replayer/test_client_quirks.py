@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from replayer.client import Client, Outcome
 from replayer.clock import MonotonicClock
 from replayer.config import EndpointConfig
+from replayer.play.client import Client, Outcome
 
 Serve = Callable[..., Awaitable[TestServer]]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from replayer.client import READ_TIMEOUT, Outcome, ServerWatch
 from replayer.config import Lanes
-from replayer.launch import replay_trace
+from replayer.play.client import READ_TIMEOUT, Outcome, ServerWatch
+from replayer.runner.local import replay_trace
 from tests.builders import growing_session, trace_of
 from tests.fakes import FakeChatClient, FakeClock
 from tests.replayer.conftest import engine_config

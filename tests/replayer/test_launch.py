@@ -19,8 +19,9 @@ from aiohttp.test_utils import TestServer
 
 from replayer.config import EndpointConfig, Lanes, ReplayConfig
 from replayer.errors import ConfigError, EndpointError
-from replayer.launch import replay, replay_trace
+from replayer.launch import replay
 from replayer.records import RECORD_SCHEMA, RUN_METADATA_KEY, ModeInfo, RunMeta
+from replayer.runner.local import replay_trace
 from tests.builders import agent_tree, growing_session, trace_of
 from tests.fakes import FakeLLM, make_fake_llm_app
 from tests.replayer.conftest import engine_config
@@ -275,8 +276,8 @@ async def test_merged_run_json_counts_a_killed_workers_flushed_rows(
 ) -> None:
     # Worker 1 was killed: its run-worker file still holds the start (no counts),
     # but its flushed part files are in the folder and must be counted.
-    from replayer.rundir import read_run_json, write_run_json
-    from replayer.workers import _merge, _worker_json, worker_config
+    from replayer.records.rundir import read_run_json, write_run_json
+    from replayer.runner.workers import _merge, _worker_json, worker_config
     from tests.fakes import FakeChatClient, FakeClock
 
     trace = trace_of(*(growing_session(f"s{k}", 3 + k) for k in range(4)))
@@ -316,7 +317,7 @@ def test_launch_sigterm_as_the_work_ends_is_not_a_success() -> None:
     # the task is done, when cancelling no longer does anything.
     code = (
         "import os, signal\n"
-        "from replayer.launch import run_async\n"
+        "from replayer.runner.local import run_async\n"
         "async def work():\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    return 1\n"

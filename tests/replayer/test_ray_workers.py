@@ -173,7 +173,7 @@ def test_ray_killed_actor_ends_the_run_with_one_line_and_keeps_rows(
 
 def test_ray_actor_count_is_one_per_node_and_at_most_one_per_lane() -> None:
     from replayer.config import EndpointConfig, Lanes, RateArrivals, ReplayConfig
-    from replayer.ray_workers import actor_count
+    from replayer.runner.ray_actors import actor_count
 
     def config(**fields: Any) -> ReplayConfig:
         return ReplayConfig(endpoint=EndpointConfig(), **fields)

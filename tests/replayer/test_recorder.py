@@ -13,9 +13,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from replayer import recorder as recorder_mod
+from replayer.play import recorder as recorder_mod
 from replayer.errors import RecorderError
-from replayer.recorder import ParquetRecorder
+from replayer.play.recorder import ParquetRecorder
 from replayer.records import (
     RECORD_FIELDS,
     RECORD_SCHEMA,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from replayer.config import Lanes, RateArrivals, TraceTimestamps
-from replayer.schedule import StopControl, shard
+from replayer.play.phase import StopControl
+from replayer.play.schedule import shard
 from tests.builders import agent_tree, growing_session, trace_of
 from tests.replayer.conftest import ReplayFake
 

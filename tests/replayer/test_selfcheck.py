@@ -23,8 +23,8 @@ import pandas as pd
 import pytest
 
 from replayer.clock import MonotonicClock
-from replayer.progress import Progress, RunCounters
-from replayer.selfcheck import ClientCheck, LoopMonitor, merge_checks
+from replayer.play.progress import Progress, RunCounters
+from replayer.play.selfcheck import ClientCheck, LoopMonitor, merge_checks
 from tests.builders import growing_session, trace_of
 from tests.instant_server import answer, next_request
 from traces.io import write_trace

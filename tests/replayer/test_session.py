@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from replayer.config import EndpointConfig, Lanes
-from replayer.session import PromptBuilder, request_body
+from replayer.play.session import PromptBuilder, request_body
 from tests.builders import (
     agent_tree,
     growing_session,
@@ -290,8 +290,8 @@ async def test_status_line_p90_is_over_the_measured_window_only(
     # the summary's P90 (measured rows), not one inflated by the warm-up.
     import io
 
-    from replayer.launch import replay_trace
-    from replayer.progress import Progress, RunCounters
+    from replayer.play.progress import Progress, RunCounters
+    from replayer.runner.local import replay_trace
     from tests.fakes import FakeChatClient, FakeClock
     from tests.replayer.conftest import engine_config
 

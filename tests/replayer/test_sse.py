@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replayer.sse import EventFramer, event_data, parse_event, usage_counts
+from replayer.play.sse import EventFramer, event_data, parse_event, usage_counts
 
 
 def test_sse_done_and_comments() -> None:
@@ -82,7 +82,7 @@ def test_sse_multiline_data_joined() -> None:
 def test_sse_quick_path_agrees_with_full_parse(data: bytes) -> None:
     import orjson
 
-    from replayer.sse import parse_chunk
+    from replayer.play.sse import parse_chunk
 
     assert parse_event([b"data: " + data]) == parse_chunk(orjson.loads(data))
 

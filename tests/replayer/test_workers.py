@@ -15,7 +15,7 @@ from pathlib import Path
 from replayer.config import EndpointConfig, Lanes, ReplayConfig
 from replayer.launch import running_endpoint
 from replayer.records import RunMeta
-from replayer.workers import replay_with_workers
+from replayer.runner.workers import replay_with_workers
 from tests.orphans import long_trace
 
 

@@ -20,17 +20,17 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from replayer.client import NOT_STREAMED, Outcome
 from replayer.config import TraceTimestamps, public_url
+from replayer.play.client import NOT_STREAMED, Outcome
 from replayer.records import RequestRecord, Status, tpot_ns
 
 if TYPE_CHECKING:
-    from replayer.client import ChatClient, ServerWatch
     from replayer.clock import Clock
     from replayer.config import EndpointConfig, ReplayConfig
-    from replayer.progress import RunCounters
-    from replayer.recorder import ParquetRecorder
-    from replayer.schedule import IdleSkip, StopControl
+    from replayer.play.client import ChatClient, ServerWatch
+    from replayer.play.phase import IdleSkip, StopControl
+    from replayer.play.progress import RunCounters
+    from replayer.play.recorder import ParquetRecorder
     from traces.materialize import Materializer, Prompt, Reply
     from traces.model import Session
 

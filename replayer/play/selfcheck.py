@@ -24,7 +24,7 @@ from replayer.clock import Clock, process_cpu_ns, thread_cpu_ns
 from traces.stats import percentiles
 
 if TYPE_CHECKING:
-    from replayer.progress import RunCounters
+    from replayer.play.progress import RunCounters
 
 _TICK_NS = 10_000_000  # the lag probe's period
 _WINDOW_NS = 1_000_000_000  # CPU shares and the live verdict, per window

@@ -19,8 +19,8 @@ import orjson
 from replayer.clock import Clock
 from replayer.config import EndpointConfig, public_url, redact_urls
 from replayer.errors import EndpointError
+from replayer.play.sse import EventFramer, usage_counts
 from replayer.records import Status
-from replayer.sse import EventFramer, usage_counts
 
 # error_type of an ok row whose server ignored "stream": true.
 NOT_STREAMED = "not_streamed"

@@ -37,16 +37,16 @@ from replayer.clock import MonotonicClock
 from replayer.config import Lanes, RateArrivals, ReplayConfig
 from replayer.errors import ConfigError, ReplayerError
 from replayer.lifeline import hold
-from replayer.progress import (
+from replayer.play.progress import (
     PLAIN_INTERVAL_S,
     RunCounters,
     RunSummary,
     StatusLine,
     summarize_run,
 )
+from replayer.play.selfcheck import merge_checks
 from replayer.records import RunCounts, RunMeta
-from replayer.rundir import read_run_json, write_run_json
-from replayer.selfcheck import merge_checks
+from replayer.records.rundir import read_run_json, write_run_json
 
 _START_DELAY_NS = 200_000_000  # after the barrier, so every worker waits at t0
 _BARRIER_TIMEOUT_S = 3600.0  # a worker still preparing after this is stuck
@@ -171,7 +171,7 @@ def _worker_main(
     conn: mpc.Connection,
     parent: tuple[int, mpc.Connection],
 ) -> None:
-    from replayer.launch import replay_trace, run_async
+    from replayer.runner.local import replay_trace, run_async
     from traces.errors import TraceError
     from traces.io import read_trace
 
@@ -490,7 +490,7 @@ def _merge(
     """run.json for the whole run: the workers' counts added, the longest duration,
     the global schedule. A worker that did not get as far as writing its file is
     left out."""
-    from replayer.launch import mode_info
+    from replayer.runner.local import mode_info
 
     n = config.workers
     metas = [

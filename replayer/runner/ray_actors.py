@@ -3,7 +3,7 @@ actor with its own event loop, pinned to a node (round-robin over the cluster's 
 nodes; by default one per node, and no more than the lanes, so that ``--concurrency
 1`` on two nodes, a sweep's or a capacity search's first level, runs one actor);
 session trees are sharded so that a tree never spans actors, and the global
-concurrency or rate is split exactly (:func:`replayer.workers.worker_config`).
+concurrency or rate is split exactly (:func:`replayer.runner.workers.worker_config`).
 
 One start instant across machines: perf counters are per machine, so the driver
 measures each actor's wall-clock offset from its own (the sample with the shortest
@@ -37,10 +37,10 @@ from typing import Any, TextIO
 from replayer.clock import MonotonicClock
 from replayer.config import Lanes, ReplayConfig
 from replayer.errors import ConfigError
-from replayer.progress import PLAIN_INTERVAL_S, RunCounters, RunSummary
+from replayer.play.progress import PLAIN_INTERVAL_S, RunCounters, RunSummary
 from replayer.records import RunMeta
-from replayer.rundir import read_run_json, write_run_json
-from replayer.workers import (
+from replayer.records.rundir import read_run_json, write_run_json
+from replayer.runner.workers import (
     STALL_S,
     Reports,
     _merge,
@@ -132,7 +132,7 @@ class ReplayActor:
     ) -> tuple[str, str]:
         """("ok" | "interrupted" | "error", detail)."""
         from replayer.errors import ReplayerError
-        from replayer.launch import replay_trace
+        from replayer.runner.local import replay_trace
         from traces.errors import TraceError
         from traces.io import read_trace
 
@@ -431,7 +431,7 @@ def _unfinished(
         return []
     import pyarrow.dataset as ds
 
-    from replayer.schedule import shard
+    from replayer.play.schedule import shard
     from traces.io import read_trace
 
     trace = read_trace(trace_path)

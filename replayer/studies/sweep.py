@@ -11,8 +11,8 @@ from typing import TextIO
 
 from replayer.config import Lanes, ReplayConfig
 from replayer.launch import replay, running_endpoint
-from replayer.progress import RunSummary
-from replayer.rundir import new_run_id, write_json_atomic
+from replayer.play.progress import RunSummary
+from replayer.records.rundir import new_run_id, write_json_atomic
 
 
 def with_fresh_salt(config: ReplayConfig) -> ReplayConfig:

@@ -49,13 +49,14 @@ from typing import Any, Literal
 from analysis import metrics as m
 from analysis.load import load_run
 from analysis.steady import COLUMNS, slo_verdict
-from replayer.client import Client
 from replayer.clock import MonotonicClock
 from replayer.config import Lanes, RateArrivals, ReplayConfig
 from replayer.errors import ConfigError
-from replayer.launch import replay, run_async, running_endpoint
-from replayer.rundir import write_json_atomic
-from replayer.sweep import with_fresh_salt
+from replayer.launch import replay, running_endpoint
+from replayer.play.client import Client
+from replayer.records.rundir import write_json_atomic
+from replayer.runner.local import run_async
+from replayer.studies.sweep import with_fresh_salt
 
 DEFAULT_CELL_S = 60.0
 Status = Literal["found", "ceiling", "budget", "interrupted", "running"]

@@ -1,0 +1,353 @@
+"""One process's replay (:func:`replay_trace`): everything slow before the start gate,
+then the schedule with the scraper, the self-check and the status line beside it.
+See docs/architecture.md."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+from replayer import __version__
+from replayer.clock import Clock, MonotonicClock, wall_clock_ns
+from replayer.config import (
+    Lanes,
+    RateArrivals,
+    ReplayConfig,
+    Schedule,
+    TraceTimestamps,
+    public_url,
+    schedule_kind,
+)
+from replayer.errors import EndpointError, RecorderError
+from replayer.play.agentx import check_duplication, protocol_meta
+from replayer.play.client import ChatClient, Client, ServerWatch
+from replayer.play.phase import IdleSkip, stop_control
+from replayer.play.progress import Progress, RunCounters, RunSummary, summarize_run
+from replayer.play.recorder import ParquetRecorder
+from replayer.play.schedule import run_schedule, shard
+from replayer.play.scrape import MetricsScraper
+from replayer.play.selfcheck import LoopMonitor
+from replayer.play.session import PromptBuilder, RunContext, request_body
+from replayer.records import ModeInfo, RunMeta
+from replayer.records.rundir import (
+    new_run_id,
+    write_run_json,
+)
+from traces.materialize import Materializer
+from traces.model import Trace
+from traces.stats import ideal_hit_tokens
+from traces.table import request_column, request_extras
+
+T = TypeVar("T")
+StartGate = Callable[[], Awaitable[int]]  # returns the shared zero (perf-counter ns)
+
+
+def run_async(factory: Callable[[], Awaitable[T]]) -> T:
+    """``asyncio.run`` with SIGTERM treated like Ctrl-C: the run is cancelled, every
+    ``finally`` flushes, and KeyboardInterrupt comes out either way."""
+    terms: list[int] = []
+
+    async def main() -> T:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+
+        def on_sigterm() -> None:
+            terms.append(signal.SIGTERM)
+            if task is not None:
+                task.cancel()
+
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        return await factory()
+
+    try:
+        result = asyncio.run(main())
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
+    if terms:
+        # The signal came as the work ended (its handler ran once the task was
+        # done, while the loop shut down): cancelling did nothing, yet it still
+        # asks the process to stop, not to report success.
+        raise KeyboardInterrupt
+    return result
+
+
+def provider_cache_hit_rate(trace: Trace) -> float | None:
+    """Σ ``provider_cached_tokens`` / Σ input over the requests that carry it (an
+    imported agent log's own cache accounting); None when none does."""
+    cached = total = 0
+    for session, _ in trace.all_sessions():
+        inputs = request_column(session.requests, "input_tokens")
+        for i, extra in request_extras(session.requests):
+            value = extra.get("provider_cached_tokens")
+            if isinstance(value, int) and not isinstance(value, bool):
+                cached += value
+                total += int(inputs[i])
+    return cached / total if total else None
+
+
+def mode_info(schedule: Schedule) -> ModeInfo:
+    """run.json ``mode`` of a schedule."""
+    return ModeInfo(
+        kind=schedule_kind(schedule),
+        concurrency=schedule.concurrency if isinstance(schedule, Lanes) else None,
+        session_rate=schedule.session_rate
+        if isinstance(schedule, RateArrivals)
+        else None,
+        speedup=schedule.speedup if isinstance(schedule, TraceTimestamps) else None,
+    )
+
+
+def _run_meta(
+    template: RunMeta, trace: Trace, config: ReplayConfig, ideal_rate: float | None
+) -> RunMeta:
+    block_sizes = sorted({s.block_size for s, _ in trace.all_sessions()})
+    return replace(
+        template,
+        trace=replace(
+            template.trace,
+            format=trace.source_format,
+            sessions=len(trace.sessions),
+            requests=trace.request_count(),
+            ideal_cache_hit_rate=ideal_rate,
+            block_size=block_sizes[0] if block_sizes else None,
+            provider_cache_hit_rate=provider_cache_hit_rate(trace),
+        ),
+        endpoint=public_url(config.endpoint.base_url),
+        model=config.endpoint.model,
+        api=config.endpoint.api,
+        mode=mode_info(config.schedule),
+        warmup_s=config.warmup_s,
+        duration_limit_s=config.duration_s,
+        labels=dict(config.labels),
+        seed=config.seed,
+        salt=config.prompt.salt,
+        block_tokens=config.prompt.block_tokens,
+        workers=config.workers,
+        config=config.as_metadata(),
+    )
+
+
+async def replay_trace(
+    trace: Trace,
+    config: ReplayConfig,
+    run_dir: Path,
+    *,
+    meta: RunMeta | None = None,
+    worker_id: int = 0,
+    clock: Clock | None = None,
+    progress: TextIO | None = None,
+    start_gate: StartGate | None = None,
+    run_json_name: str = "run.json",
+    client: ChatClient | None = None,
+    counters: RunCounters | None = None,
+) -> RunSummary:
+    """One process's replay of ``trace`` (its shard of it, for worker ``worker_id``
+    of ``config.workers``) into ``run_dir``. ``config.endpoint`` must name a URL and
+    a model (:func:`running_endpoint` does that). ``start_gate`` returns the shared
+    zero once every worker is ready (default: now). ``client`` replaces the HTTP
+    client (then nothing is scraped). ``counters``: the run's counters, for a caller
+    that reports them while it runs (a Ray actor)."""
+    clock = clock or MonotonicClock()
+    meta = meta or RunMeta(run_id=new_run_id(), tool_version=__version__)
+    # Before t0: everything slow. The ideal hit is a property of the whole trace.
+    per_session = await asyncio.to_thread(ideal_hit_tokens, trace)
+    ideal = {s.session_id: hits for s, hits in per_session}
+    hits = sum(int(h.sum()) for _, h in per_session)
+    total_in = sum(
+        int(request_column(s.requests, "input_tokens").sum()) for s, _ in per_session
+    )
+    meta = _run_meta(meta, trace, config, hits / total_in if total_in else None)
+    check_duplication(trace, config)
+    meta = replace(meta, protocol=protocol_meta(trace, config))
+    trace = shard(trace, worker_id, config.workers)
+    trace_requests = trace.request_count()
+    meta = replace(meta, worker_id=worker_id)
+    materializer = Materializer(config.prompt)
+    prompts = PromptBuilder(materializer, request_body(config.endpoint))
+    counters = counters if counters is not None else RunCounters()
+    monitor = LoopMonitor(clock, counters, warmup_s=config.warmup_s)
+    interrupted = False
+    error: str | None = None
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            http: Client | None = None
+            chat: ChatClient
+            if client is None:
+                limit = config.max_inflight or 10_000
+                http = await stack.enter_async_context(
+                    Client(config.endpoint, clock, limit=limit)
+                )
+                chat = http
+            else:
+                chat = client
+            # The endpoint is checked before the run directory is made: a failed
+            # start leaves nothing behind.
+            await _check_model(chat, config)
+            recorder = await stack.enter_async_context(
+                ParquetRecorder(
+                    run_dir,
+                    worker_id=worker_id,
+                    flush_interval_s=config.flush_interval_s,
+                    metadata=meta,
+                )
+            )
+            write_run_json(run_dir / run_json_name, meta)
+            # The trace and everything loaded so far live to the end: out of the
+            # cyclic collector's reach, a full collection no longer walks them all
+            # (40 ms pauses of the loop with 30K requests in memory).
+            gc.freeze()
+            ready = clock.now_ns()
+            t0 = await start_gate() if start_gate is not None else ready
+            meta = replace(
+                meta,
+                ready_ns=ready - t0,
+                start_unix_ns=wall_clock_ns() - (clock.now_ns() - t0),
+                measure_start_ns=int(config.warmup_s * 1e9),
+            )
+            ctx = RunContext(
+                config=config,
+                clock=clock,
+                client=chat,
+                recorder=recorder,
+                prompts=prompts,
+                counters=counters,
+                stop=stop_control(config, t0),
+                run_id=meta.run_id,
+                worker_id=worker_id,
+                t0_ns=t0,
+                ideal_tokens=ideal,
+                admission=asyncio.Semaphore(config.max_inflight)
+                if config.max_inflight
+                else None,
+                idle=None
+                if config.idle_skip_s is None
+                else IdleSkip(clock, int(config.idle_skip_s * 1e9)),
+                watch=ServerWatch(silence_ns=int(config.endpoint.read_timeout_s * 1e9)),
+            )
+            await clock.sleep_until(t0)  # workers share a zero slightly in the future
+            scraper = (
+                MetricsScraper(
+                    config.endpoint,
+                    http.session,
+                    clock,
+                    t0,
+                    run_dir=run_dir,
+                    worker_id=worker_id,
+                    flush_interval_s=config.flush_interval_s,
+                )
+                if http is not None and config.scrape_interval_s > 0
+                else None
+            )
+            try:
+                await _run(ctx, trace, scraper, progress, trace_requests, monitor)
+            except asyncio.CancelledError:
+                interrupted = True
+                raise
+            except Exception as exc:
+                # A bug or a recorder that cannot write: the run says it did not end
+                # well, whatever the traceback then says.
+                error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                raise
+            finally:
+                end = clock.now_ns()
+                meta = replace(
+                    meta,
+                    end_unix_ns=(meta.start_unix_ns or 0) + (end - t0),
+                    duration_s=(end - t0) / 1e9,
+                    interrupted=interrupted,
+                    error=ctx.stop.error or error,
+                    counts=counters.counts(trace_requests),
+                    recorder={
+                        "max_queue_depth": recorder.max_pending,
+                        "flush_errors": recorder.flush_errors,
+                    },
+                    materializer={
+                        "block_cache_hits": materializer.hits,
+                        "block_cache_misses": materializer.misses,
+                    },
+                    client_check=monitor.check().as_dict(),
+                    **_phases(ctx, meta),
+                )
+                recorder.set_metadata(meta)
+                if scraper is not None:
+                    # The server's metrics are a side dish: never worth rows.
+                    with contextlib.suppress(RecorderError):
+                        await asyncio.shield(scraper.flush())
+                        await asyncio.shield(asyncio.to_thread(scraper.finish))
+                    meta = replace(meta, server_metrics=scraper.account())
+                    recorder.set_metadata(meta)
+                write_run_json(run_dir / run_json_name, meta)
+    finally:
+        gc.unfreeze()
+        prompts.close()
+    assert meta.counts is not None
+    assert meta.duration_s is not None
+    return summarize_run(
+        run_dir,
+        run_id=meta.run_id,
+        counts=meta.counts,
+        duration_s=meta.duration_s,
+        interrupted=interrupted,
+        warnings=tuple(meta.warnings),
+        client_check=meta.client_check,
+    )
+
+
+def _phases(ctx: RunContext, meta: RunMeta) -> dict[str, Any]:
+    """What the run's phases came to: the window's real start (a warm-up phase ends
+    when it ends), the idle skipped, an abort."""
+    stop = ctx.stop
+    if stop.measure_start_ns is None:  # stopped before the warm-up ended
+        start = ctx.rel(ctx.clock.now_ns())
+    else:
+        start = max(ctx.rel(stop.measure_start_ns), meta.measure_start_ns)
+    protocol = {
+        **(meta.protocol or {}),
+        "measure_start_ns": start,
+        "idle_skipped_s": None if ctx.idle is None else ctx.idle.skipped_ns / 1e9,
+        "aborted": stop.aborted,
+    }
+    return {"measure_start_ns": start, "protocol": protocol}
+
+
+async def _check_model(client: ChatClient, config: ReplayConfig) -> None:
+    models = await client.check()
+    model = config.endpoint.model
+    if models and model not in models:
+        raise EndpointError(
+            f"{public_url(config.endpoint.base_url)} does not serve model "
+            f"{model!r} (it serves: {', '.join(models[:5])})"
+        )
+
+
+async def _run(
+    ctx: RunContext,
+    trace: Trace,
+    scraper: MetricsScraper | None,
+    progress: TextIO | None,
+    total: int,
+    monitor: LoopMonitor,
+) -> None:
+    """The schedule, with the scraper, the self-check and the status line beside
+    it."""
+    side_stop = asyncio.Event()
+    async with asyncio.TaskGroup() as side:
+        side.create_task(monitor.run(side_stop), name="self-check")
+        if scraper is not None:
+            side.create_task(
+                scraper.run(side_stop, ctx.config.scrape_interval_s), name="scraper"
+            )
+        if progress is not None:
+            line = Progress(ctx.counters, ctx.clock, ctx.t0_ns, total, progress)
+            side.create_task(line.run(side_stop), name="progress")
+        try:
+            await run_schedule(ctx, trace)
+        finally:
+            side_stop.set()

@@ -1,0 +1,2 @@
+"""Many runs judged together: sweeps over a load level and the capacity search.
+See docs/capacity.md."""
