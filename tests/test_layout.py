@@ -222,3 +222,15 @@ def test_layout_has_no_import_cycle() -> None:
         if v not in index:
             visit(v)
     assert cycles == []
+
+
+def test_layout_request_path_never_imports_the_sim() -> None:
+    # In virtual time the launcher hands play/ a client that talks to the sim core;
+    # play/ itself never knows which engine is behind its client.
+    graph = _import_graph()
+    wrong = {
+        module: sorted(m for m in imported if m.startswith("replayer.sim"))
+        for module, imported in graph.items()
+        if module.startswith("replayer.play")
+    }
+    assert {k: v for k, v in wrong.items() if v} == {}
