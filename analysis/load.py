@@ -259,8 +259,8 @@ def load_sweep(path: str | Path, *, columns: Sequence[str] | None = None) -> Swe
 
 
 def load_capacity(path: str | Path) -> dict[str, Any] | None:
-    """A capacity folder's ``capacity.json`` (``replayer.studies.capacity``), or None when
-    ``path`` is not one."""
+    """A capacity folder's ``capacity.json`` (``replayer.studies.capacity``), or None
+    when ``path`` is not one."""
     doc = _read_json(Path(path) / "capacity.json")
     if doc is None:
         return None

@@ -37,6 +37,7 @@ def no_leftover_processes() -> Iterator[None]:
     from tests.processes import descendants
 
     yield
+    _stop_resource_tracker()
     deadline = time.monotonic() + _LEFTOVER_GRACE_S
     left = descendants(os.getpid())
     while left and time.monotonic() < deadline:
@@ -49,6 +50,19 @@ def no_leftover_processes() -> Iterator[None]:
             os.kill(pid, signal.SIGKILL)
     listed = "\n".join(f"  pid {pid}: {cmd}" for pid, cmd in sorted(left.items()))
     pytest.fail(f"the tests left {len(left)} process(es) running:\n{listed}")
+
+
+def _stop_resource_tracker() -> None:
+    """End multiprocessing's resource tracker if a ``--workers`` test started it.
+
+    The tracker belongs to this (pytest's) process, not to a test: spawn starts it once
+    per process and it exits on EOF when its owner does. pytest's process outlives the
+    check, so stop it here the way multiprocessing does at interpreter exit."""
+    from multiprocessing import resource_tracker
+
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)
+    if stop is not None:
+        stop()
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.play import recorder as recorder_mod
 from replayer.errors import RecorderError
+from replayer.play import recorder as recorder_mod
 from replayer.play.recorder import ParquetRecorder
 from replayer.records import (
     RECORD_FIELDS,
