@@ -1,17 +1,10 @@
-"""The simulator's block prefix cache: a GPU tier with LRU eviction and a host tier.
-
-Pure bookkeeping (no time, no I/O), modelled on vLLM's prefix caching: a block is
-``block_size`` token ids keyed by a chained hash of (parent hash, block ids); a request
-hits only a leading run of cached full blocks; blocks pinned by running requests are
-never evicted. With a host tier (HiCache-style) evicted GPU blocks move to host memory,
-and a host hit is promoted back to the GPU tier. Capacities are counted in blocks.
-"""
+"""The simulated engine's KV block pool: vLLM v1's free queue and prefix cache, plus a
+HiCache-style host tier. Pure bookkeeping, no time. See docs/engine-model.md."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
@@ -28,169 +21,123 @@ def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     return hashes
 
 
-@dataclass(slots=True)
-class Allocation:
-    """The blocks one running request holds; returned by :meth:`PrefixCache.allocate`.
+class Block:
+    """One physical KV block: its content hash once full and cached, and how many
+    requests hold it."""
 
-    ``pinned`` are cached blocks whose reference this request holds; ``private_blocks``
-    counts blocks that are only this request's (not yet computed or not shareable).
+    __slots__ = ("hash", "ref")
+
+    def __init__(self) -> None:
+        self.hash: int | None = None
+        self.ref = 0
+
+
+class BlockPool:
+    """``num_blocks`` GPU blocks, as vLLM's ``BlockPool`` keeps them.
+
+    A block no request holds sits in the free queue, least recently freed first,
+    whether or not it still caches a prefix; allocation takes from the head, so the
+    oldest cached prefix is evicted first (to the host tier when there is one). A
+    request's blocks are freed tail first, so its prefix outlives its suffix.
     """
 
-    hashes: list[int]
-    gpu_hit_blocks: int
-    host_hit_blocks: int
-    pinned: list[int] = field(default_factory=list)
-    private_blocks: int = 0
-    registered_blocks: int = 0  # leading blocks already in the cache or registered
-    released: bool = False
+    def __init__(self, num_blocks: int, host_blocks: int = 0) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1 (got {num_blocks})")
+        if host_blocks < 0:
+            raise ValueError(f"host_blocks must be >= 0 (got {host_blocks})")
+        self.num_blocks = num_blocks
+        self.host_capacity = host_blocks
+        self.free: OrderedDict[Block, None] = OrderedDict(
+            (Block(), None) for _ in range(num_blocks)
+        )
+        self.cached: dict[int, Block] = {}
+        self.host: OrderedDict[int, None] = OrderedDict()
+        self.evictions = 0
 
     @property
-    def hit_blocks(self) -> int:
-        return self.gpu_hit_blocks + self.host_hit_blocks
-
-
-class PrefixCache:
-    """GPU-tier block cache with LRU eviction and an optional host tier.
-
-    Invariant: ``private + len(refcount) <= gpu_capacity_blocks``; a cached block with
-    refcount 0 sits in ``_evictable`` (least recently used first).
-    """
-
-    def __init__(self, *, gpu_capacity_blocks: int, host_capacity_blocks: int = 0):
-        if gpu_capacity_blocks < 1:
-            raise ValueError(
-                f"gpu_capacity_blocks must be >= 1 (got {gpu_capacity_blocks})"
-            )
-        if host_capacity_blocks < 0:
-            raise ValueError(
-                f"host_capacity_blocks must be >= 0 (got {host_capacity_blocks})"
-            )
-        self.gpu_capacity_blocks = gpu_capacity_blocks
-        self.host_capacity_blocks = host_capacity_blocks
-        self._refcount: dict[int, int] = {}
-        self._evictable: OrderedDict[int, None] = OrderedDict()
-        self._host: OrderedDict[int, None] = OrderedDict()
-        self._private = 0
+    def num_free(self) -> int:
+        return len(self.free)
 
     @property
-    def used_blocks(self) -> int:
-        """GPU blocks holding data: private, pinned and evictable cached blocks."""
-        return self._private + len(self._refcount)
+    def usage(self) -> float:
+        """Fraction of blocks held by requests (vLLM's ``kv_cache_usage_perc``)."""
+        return 1.0 - len(self.free) / self.num_blocks
 
-    @property
-    def active_blocks(self) -> int:
-        """GPU blocks held by running requests (what vLLM's KV usage gauge counts)."""
-        return self.used_blocks - len(self._evictable)
-
-    @property
-    def host_blocks(self) -> int:
-        return len(self._host)
-
-    def lookup(self, hashes: Sequence[int]) -> tuple[int, int]:
-        """(GPU hits, host hits) in blocks of the leading cached run; read-only."""
-        gpu = host = 0
-        for h in hashes:
-            if h in self._refcount:
-                gpu += 1
-            elif h in self._host:
-                host += 1
+    def lookup(
+        self, hashes: Sequence[int], limit: int
+    ) -> tuple[list[Block], list[int]]:
+        """The leading cached run of ``hashes[:limit]``: GPU blocks, then the host-tier
+        hashes that continue it."""
+        gpu: list[Block] = []
+        host: list[int] = []
+        cached, in_host = self.cached, self.host
+        for h in hashes[:limit]:
+            block = None if host else cached.get(h)
+            if block is not None:
+                gpu.append(block)
+            elif h in in_host:
+                host.append(h)
             else:
                 break
         return gpu, host
 
-    def allocate(
-        self, hashes: list[int], extra_blocks: int, *, max_hit_blocks: int | None = None
-    ) -> Allocation | None:
-        """Pin the leading hits and reserve room for the rest, or None if it can't fit.
+    def touch(self, blocks: Sequence[Block]) -> None:
+        """Take a reference on cached blocks (out of the free queue if unheld)."""
+        free = self.free
+        for block in blocks:
+            if block.ref == 0:
+                del free[block]
+            block.ref += 1
 
-        ``hashes`` are the request's full prompt blocks; ``extra_blocks`` are the other
-        blocks it needs (partial prompt tail, output). At most ``max_hit_blocks``
-        leading blocks count as hits (vLLM recomputes the last prompt token).
-        """
-        limit = len(hashes) if max_hit_blocks is None else max_hit_blocks
-        gpu_hits: list[int] = []
-        host_hits: list[int] = []
-        for h in hashes[:limit]:
-            if h in self._refcount:
-                gpu_hits.append(h)
-            elif h in self._host:
-                host_hits.append(h)
-            else:
-                break
-        hits = len(gpu_hits) + len(host_hits)
-        needed = len(host_hits) + (len(hashes) - hits) + extra_blocks
-        evictable_hits = sum(1 for h in gpu_hits if self._refcount[h] == 0)
-        free = self.gpu_capacity_blocks - self.used_blocks
-        if needed > free + len(self._evictable) - evictable_hits:
-            return None
-        for h in gpu_hits:
-            self._pin(h)
-        for h in host_hits:
-            del self._host[h]  # before eviction below can push it out of the host tier
-        self._make_room(needed)
-        for h in host_hits:
-            self._refcount[h] = 1
-        self._private += needed - len(host_hits)
-        return Allocation(
-            hashes=hashes,
-            gpu_hit_blocks=len(gpu_hits),
-            host_hit_blocks=len(host_hits),
-            pinned=gpu_hits + host_hits,
-            private_blocks=needed - len(host_hits),
-            registered_blocks=hits,
-        )
+    def take(self, n: int) -> list[Block]:
+        """``n`` blocks from the head of the free queue, evicting what they cached."""
+        free, cached = self.free, self.cached
+        out: list[Block] = []
+        for _ in range(n):
+            block, _ = free.popitem(last=False)
+            if block.hash is not None:
+                del cached[block.hash]
+                self.evictions += 1
+                if self.host_capacity:
+                    self.host[block.hash] = None
+                    if len(self.host) > self.host_capacity:
+                        self.host.popitem(last=False)
+                block.hash = None
+            block.ref = 1
+            out.append(block)
+        return out
 
-    def register(self, alloc: Allocation, computed_blocks: int) -> None:
-        """Make the request's first ``computed_blocks`` prompt blocks hittable."""
-        for i in range(
-            alloc.registered_blocks, min(computed_blocks, len(alloc.hashes))
-        ):
-            h = alloc.hashes[i]
-            if h in self._refcount:
-                # Another request computed it meanwhile: share theirs, free our copy.
-                self._pin(h)
-            else:
-                self._host.pop(h, None)
-                self._refcount[h] = 1
-            self._private -= 1
-            alloc.private_blocks -= 1
-            alloc.pinned.append(h)
-        alloc.registered_blocks = max(alloc.registered_blocks, computed_blocks)
+    def load_from_host(self, hashes: Sequence[int], blocks: Sequence[Block]) -> None:
+        """Promote host-tier blocks into freshly taken GPU blocks."""
+        for h, block in zip(hashes, blocks, strict=True):
+            self.host.pop(h, None)
+            self.cache(block, h)
 
-    def release(self, alloc: Allocation) -> None:
-        """Free the request's private blocks and unpin its cached ones (idempotent)."""
-        if alloc.released:
-            return
-        alloc.released = True
-        self._private -= alloc.private_blocks
-        # Tail blocks become least recently used first, so eviction trims prefixes
-        # from the end (a head evicted before its tail would strand the tail).
-        for h in reversed(alloc.pinned):
-            count = self._refcount[h] - 1
-            self._refcount[h] = count
-            if count == 0:
-                self._evictable[h] = None
+    def cache(self, block: Block, h: int) -> None:
+        """Make a computed full block hittable (a duplicate of a cached one stays
+        private, as its twin already serves hits)."""
+        if h not in self.cached:
+            self.cached[h] = block
+            block.hash = h
+            self.host.pop(h, None)
+
+    def release(self, blocks: Sequence[Block]) -> None:
+        """Drop one reference on each of ``blocks``, freeing them tail first."""
+        free = self.free
+        for block in reversed(blocks):
+            block.ref -= 1
+            if block.ref == 0:
+                free[block] = None
 
     def reset(self) -> int:
-        """Drop every cached block no running request holds, in both tiers (vLLM's
-        ``/reset_prefix_cache``, SGLang's ``/flush_cache``); returns how many."""
-        dropped = len(self._evictable) + len(self._host)
-        for h in self._evictable:
-            del self._refcount[h]
-        self._evictable.clear()
-        self._host.clear()
+        """Forget every cached prefix no request holds, both tiers (vLLM's
+        ``/reset_prefix_cache``, SGLang's ``/flush_cache``); how many were dropped."""
+        dropped = len(self.host)
+        for block in self.free:
+            if block.hash is not None:
+                del self.cached[block.hash]
+                block.hash = None
+                dropped += 1
+        self.host.clear()
         return dropped
-
-    def _pin(self, h: int) -> None:
-        if self._refcount[h] == 0:
-            del self._evictable[h]
-        self._refcount[h] += 1
-
-    def _make_room(self, needed: int) -> None:
-        while self.gpu_capacity_blocks - self.used_blocks < needed:
-            h, _ = self._evictable.popitem(last=False)
-            del self._refcount[h]
-            if self.host_capacity_blocks:
-                self._host[h] = None
-                if len(self._host) > self.host_capacity_blocks:
-                    self._host.popitem(last=False)

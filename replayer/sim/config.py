@@ -12,6 +12,8 @@ from typing import Any
 
 from replayer.errors import ConfigError
 
+POLICIES = ("vllm", "reserve")
+
 
 def _knob(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
@@ -55,6 +57,9 @@ class SimConfig:
     gpu_hit_us_per_token: float = _knob(
         0.0, "Cost per prompt token found in the GPU tier, microseconds."
     )
+    request_overhead_us: float = _knob(
+        0.0, "Added step time per request scheduled for the first time, microseconds."
+    )
     decode_base_ms: float = _knob(
         8.0, "Fixed time of one engine step, milliseconds (TPOT of a lone request)."
     )
@@ -63,6 +68,12 @@ class SimConfig:
     )
     decode_us_per_context_token: float = _knob(
         0.04, "Added step time per KV token read by decoding sequences, microseconds."
+    )
+    policy: str = _knob(
+        "vllm",
+        "Scheduling: 'vllm' (vLLM v1: KV allocated as computed, newest preempted "
+        "when blocks run out) or 'reserve' (whole output reserved at admission, "
+        "no preemption).",
     )
     mean_output_tokens: int = _knob(
         512, "Mean length before the seeded EOS when ignore_eos is not set."
@@ -104,6 +115,7 @@ class SimConfig:
             "prefill_us_per_token",
             "host_hit_us_per_token",
             "gpu_hit_us_per_token",
+            "request_overhead_us",
             "decode_base_ms",
             "decode_per_seq_ms",
             "decode_us_per_context_token",
@@ -118,6 +130,8 @@ class SimConfig:
             value = getattr(self, name)
             _require(0.0 <= value <= 1.0, name, "in [0, 1]", value)
         _require(bool(self.model), "model", "non-empty", self.model)
+        rule = f"one of {', '.join(POLICIES)}"
+        _require(self.policy in POLICIES, "policy", rule, self.policy)
 
     @classmethod
     def fast(cls, **overrides: Any) -> SimConfig:
@@ -126,6 +140,7 @@ class SimConfig:
             "prefill_us_per_token": 0.0,
             "host_hit_us_per_token": 0.0,
             "gpu_hit_us_per_token": 0.0,
+            "request_overhead_us": 0.0,
             "decode_base_ms": 0.0,
             "decode_per_seq_ms": 0.0,
             "decode_us_per_context_token": 0.0,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from replayer.sim.core import CoreStats
+
 # vLLM's bucket boundaries, seconds.
 TTFT_BUCKETS_S = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -44,14 +46,11 @@ class Histogram:
 
 
 @dataclass(slots=True)
-class EngineStats:
-    """Everything /metrics exposes; counters in tokens or requests, as vLLM counts."""
+class EngineStats(CoreStats):
+    """Everything /metrics exposes: the core's counters (tokens or requests, as vLLM
+    counts), its gauges and the latency histograms."""
 
-    prefix_cache_queries_tokens: int = 0
-    prefix_cache_hits_tokens: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    requests_success: int = 0
+    num_gpu_blocks: int = 0
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float = 0.0
@@ -68,7 +67,8 @@ def render_metrics(stats: EngineStats, model: str, *, block_size: int = 16) -> s
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
         "# TYPE vllm:cache_config_info gauge",
         f'vllm:cache_config_info{{block_size="{block_size}",'
-        'enable_prefix_caching="True",simulated="True"} 1.0',
+        'enable_prefix_caching="True",'
+        f'num_gpu_blocks="{stats.num_gpu_blocks}",simulated="True"}} 1.0',
     ]
 
     def scalar(name: str, kind: str, help: str, value: float) -> None:
@@ -117,6 +117,12 @@ def render_metrics(stats: EngineStats, model: str, *, block_size: int = 16) -> s
         "counter",
         "Number of generation tokens processed.",
         stats.generation_tokens,
+    )
+    scalar(
+        "vllm:num_preemptions_total",
+        "counter",
+        "Cumulative number of preemption from the engine.",
+        stats.preemptions,
     )
     scalar(
         "vllm:request_success_total",

@@ -12,11 +12,11 @@ import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 
 from aiohttp import web
 
 from replayer.sim.config import SimConfig
+from replayer.sim.dice import Dice, roll
 from replayer.sim.engine import Engine, EngineStopped, Sequence
 from replayer.sim.metrics import render_metrics
 from replayer.sim.protocol import (
@@ -35,17 +35,6 @@ OWNED_BY = "replayer-sim"
 _THREAD_PARSE_BYTES = 256 * 1024  # text tokenization of bigger bodies leaves the loop
 
 
-@dataclass(frozen=True, slots=True)
-class _Dice:
-    """What the seeded RNG decided for one request."""
-
-    output_tokens: int
-    fail: bool
-    disconnect_after: int | None  # content tokens sent before the connection drops
-    stall_after: int | None  # content tokens sent before the stream pauses
-    word_offset: int
-
-
 class _Sim:
     """Per-application state: config, engine, RNG and the wall-clock anchor."""
 
@@ -61,29 +50,8 @@ class _Sim:
     def created(self) -> int:
         return int(self._wall_anchor_s + time.perf_counter() - self._perf_anchor_s)
 
-    def roll(self, req: GenerateRequest) -> _Dice:
-        cfg, rng = self.config, self.rng
-        # Always draw the same values in the same order, so a seed fixes every
-        # request's fate regardless of which options the requests carry.
-        fail = rng.random() < cfg.fail_rate
-        disconnect = rng.random() < cfg.disconnect_rate
-        stall = rng.random() < cfg.stall_rate
-        natural = 1 + int(rng.expovariate(1.0 / cfg.mean_output_tokens))
-        u_disconnect, u_stall = rng.random(), rng.random()
-        word_offset = rng.randrange(len(word_table()))
-        if req.ignore_eos:
-            n = req.max_tokens
-        else:
-            n = min(req.max_tokens, max(req.min_tokens, natural))
-        return _Dice(
-            output_tokens=n,
-            fail=fail,
-            disconnect_after=1 + int(u_disconnect * max(1, n - 1))
-            if disconnect
-            else None,
-            stall_after=1 + int(u_stall * n) if stall else None,
-            word_offset=word_offset,
-        )
+    def roll(self, req: GenerateRequest) -> Dice:
+        return roll(self.rng, self.config, req)
 
 
 SIM_KEY = web.AppKey("replayer_sim", _Sim)
@@ -167,7 +135,7 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _reset_cache(request: web.Request) -> web.Response:
-    dropped = request.app[SIM_KEY].engine.cache.reset()
+    dropped = request.app[SIM_KEY].engine.reset_prefix_cache()
     return web.json_response({"dropped_blocks": dropped})
 
 
@@ -233,7 +201,7 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         sim.engine.abort(seq)  # no-op unless the client left or a fault dropped it
 
 
-def _finish_reason(req_max_tokens: int, dice: _Dice) -> str:
+def _finish_reason(req_max_tokens: int, dice: Dice) -> str:
     return "length" if dice.output_tokens >= req_max_tokens else "stop"
 
 
@@ -244,7 +212,7 @@ def _usage(seq: Sequence) -> dict[str, object]:
 async def _respond(
     request: web.Request,
     req: GenerateRequest,
-    dice: _Dice,
+    dice: Dice,
     seq: Sequence,
     encoder: ChunkEncoder,
     stall_s: float,
@@ -267,7 +235,7 @@ async def _respond(
 async def _stream(
     request: web.Request,
     req: GenerateRequest,
-    dice: _Dice,
+    dice: Dice,
     seq: Sequence,
     encoder: ChunkEncoder,
     stall_s: float,

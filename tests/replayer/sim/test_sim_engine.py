@@ -30,7 +30,7 @@ async def test_engine_kv_capacity_limits_admission() -> None:
         assert engine.stats.waiting == 1
         assert await _finish(big) == 8
         assert await _finish(other) == 8
-        assert engine.cache.used_blocks <= 16
+        assert engine.core.pool.num_free == 16
         loop.cancel()
 
 

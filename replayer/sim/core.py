@@ -1,0 +1,253 @@
+"""The simulated engine's clock-free core: vLLM v1's scheduler over the block pool, and
+the step-time model. The HTTP simulator and the virtual-time loop both drive it. See
+docs/engine-model.md."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from replayer.sim.cache import Block, BlockPool
+from replayer.sim.config import SimConfig
+
+WAITING, RUNNING, FINISHED = 0, 1, 2
+
+
+@dataclass(eq=False, slots=True)
+class CoreRequest:
+    """One request inside the core. ``generated`` counts output tokens so far;
+    ``computed`` is vLLM's ``num_computed_tokens`` (tokens whose KV exists)."""
+
+    prompt_tokens: int
+    output_tokens: int  # planned length: the engine stops exactly here
+    hashes: list[int]  # chained hashes of the prompt's full blocks
+    handle: Any = None  # the driver's own object for this request
+    computed: int = 0
+    generated: int = 0
+    cached_tokens: int = -1  # GPU + host hits at the first admission (usage field)
+    host_hit_tokens: int = 0
+    preemptions: int = 0
+    state: int = WAITING
+    blocks: list[Block] = field(default_factory=list)
+    cached_blocks: int = 0  # leading blocks already hittable
+    admitted: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.generated
+
+    @property
+    def finished(self) -> bool:
+        return self.state == FINISHED
+
+
+@dataclass(slots=True)
+class CoreStats:
+    """Counters as vLLM's /metrics counts them."""
+
+    prefix_cache_queries_tokens: int = 0
+    prefix_cache_hits_tokens: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_success: int = 0
+    preemptions: int = 0
+
+
+@dataclass(slots=True)
+class StepResult:
+    """One step: how long it takes, and which requests got a token (in order).
+    The core's state is already that of the step's end."""
+
+    duration_us: float
+    emitted: list[CoreRequest]
+    prefill_tokens: int = 0
+    decode_seqs: int = 0
+
+
+class Scheduler:
+    """Running requests first (a decode token each, or their next prefill chunk),
+    then admission of waiting ones in arrival order, within the step's token budget
+    and ``max_num_seqs``; the newest running request is preempted when blocks run out
+    (policy ``vllm``). Policy ``reserve`` reserves each request's whole output at
+    admission instead, and never preempts."""
+
+    def __init__(self, config: SimConfig, stats: CoreStats | None = None) -> None:
+        self.config = config
+        bs = config.block_size
+        self.block_size = bs
+        self.pool = BlockPool(
+            config.kv_capacity_tokens // bs, config.host_capacity_tokens // bs
+        )
+        self.reserve = config.policy == "reserve"
+        self.waiting: deque[CoreRequest] = deque()
+        self.running: list[CoreRequest] = []
+        # The counters go where the caller wants them (the live engine's /metrics).
+        self.stats = stats if stats is not None else CoreStats()
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def add(self, req: CoreRequest) -> None:
+        self.waiting.append(req)
+
+    def abort(self, req: CoreRequest) -> None:
+        """Drop a request whose client went away (no-op once finished)."""
+        if req.state == FINISHED:
+            return
+        if req.state == WAITING:
+            self.waiting.remove(req)
+        else:
+            self.running.remove(req)
+            self.pool.release(req.blocks)
+            req.blocks = []
+        req.state = FINISHED
+
+    def step(self) -> StepResult | None:
+        """Schedule and run one step; None when there is nothing to run."""
+        if not self.running and not self.waiting:
+            return None
+        cfg = self.config
+        bs = self.block_size
+        budget = cfg.max_num_batched_tokens
+        scheduled: list[tuple[CoreRequest, int]] = []
+        preempted = False
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = min(req.num_tokens - req.computed, budget)
+            victim: CoreRequest | None = None
+            while not self._grow(req, req.computed + n):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            if victim is req:
+                break
+            scheduled.append((req, n))
+            budget -= n
+            i += 1
+        gpu_hit = host_hit = new = 0
+        if not preempted:
+            waiting = self.waiting
+            limit = cfg.max_num_seqs
+            while waiting and budget > 0 and len(running) < limit:
+                req = waiting[0]
+                hit = self._admit(req, budget)
+                if hit is None:
+                    break  # the head waits for room; nobody overtakes it
+                waiting.popleft()
+                gpu, host = hit
+                gpu_hit += gpu
+                host_hit += host
+                if not req.admitted:
+                    req.admitted = True
+                    new += 1
+                n = min(req.num_tokens - req.computed, budget)
+                scheduled.append((req, n))
+                budget -= n
+        prefill = decode = context = 0
+        emitted: list[CoreRequest] = []
+        stats = self.stats
+        done = False
+        for req, n in scheduled:
+            if req.generated and n == 1 and req.computed == req.num_tokens - 1:
+                decode += 1
+                context += req.num_tokens
+            else:
+                prefill += n
+            req.computed += n
+            self._cache_full_blocks(req, bs)
+            if req.computed >= req.num_tokens:
+                req.generated += 1
+                stats.generation_tokens += 1
+                emitted.append(req)
+                if req.generated >= req.output_tokens:
+                    self._finish(req)
+                    done = True
+        if done:
+            self.running = [r for r in self.running if r.state != FINISHED]
+        duration_us = (
+            1000.0 * (cfg.decode_base_ms + cfg.decode_per_seq_ms * decode)
+            + cfg.decode_us_per_context_token * context
+            + cfg.prefill_us_per_token * prefill
+            + cfg.gpu_hit_us_per_token * gpu_hit
+            + cfg.host_hit_us_per_token * host_hit
+            + cfg.request_overhead_us * new
+        )
+        return StepResult(duration_us, emitted, prefill, decode)
+
+    def reset_prefix_cache(self) -> int:
+        return self.pool.reset()
+
+    # -- internals -------------------------------------------------------------
+
+    def _grow(self, req: CoreRequest, tokens: int) -> bool:
+        """Hold blocks for ``tokens`` tokens of ``req``; False if the pool is short."""
+        need = -(-tokens // self.block_size) - len(req.blocks)
+        if need <= 0:
+            return True
+        if need > self.pool.num_free:
+            return False
+        req.blocks.extend(self.pool.take(need))
+        return True
+
+    def _admit(self, req: CoreRequest, budget: int) -> tuple[int, int] | None:
+        """Take the request's prefix hits and the blocks of its first chunk (its whole
+        output too under ``reserve``); (GPU, host) hit tokens, or None if no room."""
+        bs = self.block_size
+        pool = self.pool
+        # vLLM recomputes at least the last token, to get its logits.
+        gpu, host = pool.lookup(req.hashes, (req.num_tokens - 1) // bs)
+        hit_blocks = len(gpu) + len(host)
+        computed = hit_blocks * bs
+        n = min(req.num_tokens - computed, budget)
+        upto = req.prompt_tokens + req.output_tokens if self.reserve else computed + n
+        need = -(-upto // bs) - len(gpu)
+        evictable_hits = sum(1 for b in gpu if b.ref == 0)
+        if need > pool.num_free - evictable_hits:
+            return None
+        pool.touch(gpu)
+        fresh = pool.take(need)
+        pool.load_from_host(host, fresh[: len(host)])
+        req.blocks = [*gpu, *fresh]
+        req.cached_blocks = hit_blocks
+        req.computed = computed
+        req.state = RUNNING
+        self.running.append(req)
+        if req.cached_tokens < 0:
+            # vLLM reports (and counts) the hits of the first scheduling only.
+            req.cached_tokens = computed
+            req.host_hit_tokens = len(host) * bs
+            stats = self.stats
+            stats.prefix_cache_queries_tokens += req.num_tokens
+            stats.prefix_cache_hits_tokens += computed
+            stats.prompt_tokens += req.prompt_tokens
+        return len(gpu) * bs, len(host) * bs
+
+    def _cache_full_blocks(self, req: CoreRequest, bs: int) -> None:
+        full = min(req.computed, req.prompt_tokens) // bs
+        if full > req.cached_blocks:
+            hashes, blocks, cache = req.hashes, req.blocks, self.pool.cache
+            for k in range(req.cached_blocks, min(full, len(hashes))):
+                cache(blocks[k], hashes[k])
+            req.cached_blocks = full
+
+    def _preempt(self, req: CoreRequest) -> None:
+        self.pool.release(req.blocks)
+        req.blocks = []
+        req.computed = 0
+        req.cached_blocks = 0
+        req.state = WAITING
+        req.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _finish(self, req: CoreRequest) -> None:
+        req.state = FINISHED
+        self.pool.release(req.blocks)
+        req.blocks = []
+        self.stats.requests_success += 1
