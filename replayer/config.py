@@ -249,6 +249,9 @@ class ReplayConfig:
     # Carry the model's real replies into the history (chat) instead of the
     # recorded ones: prompts then drift from the trace (reported per request).
     live_assistant: bool = False
+    # Replay in virtual time against this engine model (an ENGINE.json path, or
+    # "sim": the built-in simulator's settings) instead of a server.
+    virtual: str | None = None
 
     def __post_init__(self) -> None:
         if self.start_ratio is not None:

@@ -80,6 +80,14 @@ def replay(
             content_hash=None if trace_path is None else trace_content_hash(trace_path),
         ),
     )
+    if config.virtual is not None:
+        from replayer.runner.virtual import replay_virtual
+
+        if loaded is None:
+            raise ConfigError("--virtual runs in one process: drop --workers and --ray")
+        summary = replay_virtual(loaded, config, out, meta=meta, progress=progress)
+        _record_steady_state(summary)
+        return summary
     with running_endpoint(config) as (config, sim):
         meta = replace(meta, simulated=sim is not None, sim=sim)
         if sim is not None and loaded is not None:

@@ -39,6 +39,15 @@ def _replay_options(f: F) -> F:
             "built-in simulated endpoint is started (and stopped after).",
         ),
         click.option(
+            "--virtual",
+            metavar="ENGINE.json|sim",
+            help="Replay in virtual time against an engine model (from `replayer "
+            "calibrate`; `sim`: the built-in simulator's settings) instead of a "
+            "server: seconds, not hours. --sim-args given beside it override the "
+            "model (a what-if: --kv-capacity-tokens, --host-capacity-tokens, "
+            "--policy).",
+        ),
+        click.option(
             "--model",
             metavar="NAME",
             help="Model name to request. Default: the first one the server lists.",
@@ -506,6 +515,7 @@ def build_config(
         session_id_scope=opts["session_id_scope"],
         max_error_rate=opts["max_error_rate"],
         live_assistant=opts["live_assistant"],
+        virtual=opts.get("virtual"),
     )
 
 
@@ -520,6 +530,17 @@ def _session_header(opts: dict[str, Any], presets: dict[str, str]) -> str | None
 
 
 def _check_ray(opts: dict[str, Any]) -> None:
+    """Flags of the run's topology that do not go together (Ray, workers, virtual)."""
+    if opts.get("virtual"):
+        if opts["endpoint"]:
+            raise click.UsageError(
+                "--virtual replays against an engine model, not a server: "
+                "drop --endpoint (or --virtual)"
+            )
+        if opts["ray_address"] or opts["workers"] > 1:
+            raise click.UsageError(
+                "--virtual runs in one process: drop --workers/--ray"
+            )
     if opts["ray_workers"] is not None and not opts["ray_address"]:
         raise click.UsageError("--ray-workers needs --ray")
     if opts["ray_address"] and opts["workers"] > 1:
@@ -532,8 +553,8 @@ _NEEDS: tuple[tuple[str, str, str], ...] = (
     ("arrival", "session_rate", "--arrival shapes --session-rate arrivals"),
     ("burstiness", "session_rate", "--burstiness shapes --session-rate arrivals"),
     ("drain", "duration_s", "--drain says what happens at the --duration end"),
-    ("sim_args", "!endpoint", "--sim-args configure the built-in simulator, "
-     "which does not run with --endpoint"),
+    ("sim_args", "!endpoint", "--sim-args configure the built-in simulator (or "
+     "override --virtual's engine model), neither of which runs with --endpoint"),
 )  # fmt: skip
 
 

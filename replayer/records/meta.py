@@ -320,6 +320,9 @@ class RunMeta:
     # profile, start ratio, cache warm-up, window, idle skipped, duplication factor,
     # on-error policy, session header (None: a run without any of it).
     protocol: dict[str, Any] | None = None
+    # A replay in virtual time (``--virtual``): the engine model it ran on (its
+    # source and terms) and what the engine did (steps, preemptions, wall time).
+    virtual: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

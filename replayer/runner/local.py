@@ -147,13 +147,15 @@ async def replay_trace(
     run_json_name: str = "run.json",
     client: ChatClient | None = None,
     counters: RunCounters | None = None,
+    virtual: bool = False,
 ) -> RunSummary:
     """One process's replay of ``trace`` (its shard of it, for worker ``worker_id``
     of ``config.workers``) into ``run_dir``. ``config.endpoint`` must name a URL and
     a model (:func:`running_endpoint` does that). ``start_gate`` returns the shared
     zero once every worker is ready (default: now). ``client`` replaces the HTTP
     client (then nothing is scraped). ``counters``: the run's counters, for a caller
-    that reports them while it runs (a Ray actor)."""
+    that reports them while it runs (a Ray actor). ``virtual``: the clock is a
+    virtual-time loop's, where the client self-check has nothing to measure."""
     clock = clock or MonotonicClock()
     meta = meta or RunMeta(run_id=new_run_id(), tool_version=__version__)
     # Before t0: everything slow. The ideal hit is a property of the whole trace.
@@ -172,7 +174,9 @@ async def replay_trace(
     materializer = Materializer(config.prompt)
     prompts = PromptBuilder(materializer, request_body(config.endpoint))
     counters = counters if counters is not None else RunCounters()
-    monitor = LoopMonitor(clock, counters, warmup_s=config.warmup_s)
+    monitor = (
+        None if virtual else LoopMonitor(clock, counters, warmup_s=config.warmup_s)
+    )
     interrupted = False
     error: str | None = None
     try:
@@ -272,7 +276,7 @@ async def replay_trace(
                         "block_cache_hits": materializer.hits,
                         "block_cache_misses": materializer.misses,
                     },
-                    client_check=monitor.check().as_dict(),
+                    client_check=None if monitor is None else monitor.check().as_dict(),
                     **_phases(ctx, meta),
                 )
                 recorder.set_metadata(meta)
@@ -333,13 +337,14 @@ async def _run(
     scraper: MetricsScraper | None,
     progress: TextIO | None,
     total: int,
-    monitor: LoopMonitor,
+    monitor: LoopMonitor | None,
 ) -> None:
     """The schedule, with the scraper, the self-check and the status line beside
     it."""
     side_stop = asyncio.Event()
     async with asyncio.TaskGroup() as side:
-        side.create_task(monitor.run(side_stop), name="self-check")
+        if monitor is not None:
+            side.create_task(monitor.run(side_stop), name="self-check")
         if scraper is not None:
             side.create_task(
                 scraper.run(side_stop, ctx.config.scrape_interval_s), name="scraper"

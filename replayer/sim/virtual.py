@@ -1,0 +1,90 @@
+"""The simulated engine on virtual time: the clock-free core stepped from one event to
+the next, each step ending at its modeled nanosecond. The virtual-time loop drives it.
+See docs/engine-model.md."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from replayer.sim.config import SimConfig
+from replayer.sim.core import CoreRequest, Scheduler, StepResult
+
+
+@dataclass(eq=False, slots=True)
+class VirtualRequest:
+    """A request's side of the virtual engine: when its tokens came (ns)."""
+
+    core: CoreRequest
+    submitted_ns: int
+    token_times_ns: list[int] = field(default_factory=list)
+    aborted: bool = False
+    # Called when the request ends (the client's one wake-up; the token times
+    # before it are in token_times_ns).
+    on_event: Callable[[VirtualRequest], None] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.core.finished and not self.aborted
+
+
+class VirtualEngine:
+    """Steps the core on a virtual clock. A step is scheduled when it starts (arrivals
+    before that join it) and its tokens appear when it ends; an arrival during a step
+    waits for the next, as in a real engine."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.core = Scheduler(config)
+        self.now_ns = 0  # the engine has seen time up to here
+        self._free_at_ns = 0  # the end of the last step
+        self._pending: StepResult | None = None
+        self._pending_end_ns = 0
+        self.steps = 0
+        self.busy_ns = 0
+
+    def submit(self, req: VirtualRequest, at_ns: int) -> None:
+        self.now_ns = max(self.now_ns, at_ns)
+        self.core.add(req.core)
+
+    def abort(self, req: VirtualRequest, at_ns: int) -> None:
+        self.now_ns = max(self.now_ns, at_ns)
+        req.aborted = True
+        self.core.abort(req.core)
+
+    def advance(self, limit_ns: int | None) -> int | None:
+        """Run steps up to ``limit_ns`` (None: no limit) until one ends a request;
+        that step's end, or None."""
+        core = self.core
+        while True:
+            if self._pending is None:
+                if not core.running and not core.waiting:
+                    return None
+                start = max(self._free_at_ns, self.now_ns)
+                if limit_ns is not None and start > limit_ns:
+                    return None
+                result = core.step()
+                assert result is not None
+                duration = max(1, round(result.duration_us * 1000))
+                self._pending = result
+                self._pending_end_ns = start + duration
+                self.steps += 1
+                self.busy_ns += duration
+            end = self._pending_end_ns
+            if limit_ns is not None and end > limit_ns:
+                return None
+            result = self._pending
+            self._pending = None
+            self._free_at_ns = end
+            self.now_ns = max(self.now_ns, end)
+            visible = False
+            for creq in result.emitted:
+                req: VirtualRequest = creq.handle
+                if req.aborted:
+                    continue
+                req.token_times_ns.append(end)
+                if creq.finished and req.on_event is not None:
+                    req.on_event(req)
+                    visible = True
+            if visible:
+                return end
