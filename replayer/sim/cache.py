@@ -4,10 +4,11 @@ HiCache-style host tier. Pure bookkeeping, no time. See docs/engine-model.md."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import islice, takewhile
 from operator import is_not
+from typing import cast
 
 
 def block_hashes(
@@ -81,8 +82,9 @@ class BlockPool:
         """The leading cached run of ``hashes[:limit]``: GPU blocks, then the host-tier
         hashes that continue it."""
         # The scan runs in C: map and takewhile stop at the first miss.
-        gpu: list[Block] = list(
-            takewhile(_is_block, map(self.cached.get, islice(hashes, limit)))
+        get: Callable[[int], Block | None] = self.cached.get
+        gpu = cast(
+            list[Block], list(takewhile(_is_block, map(get, islice(hashes, limit))))
         )
         host: list[int] = []
         if self.host and len(gpu) < limit:
