@@ -71,6 +71,7 @@ class Engine:
         self.stats.num_gpu_blocks = self.core.pool.num_blocks
         self._wakeup = asyncio.Event()
         self._deadline_s = 0.0
+        self._arrival_s = 0.0  # the latest submit: an idle engine's next step starts then
         self._stopped = False
 
     def submit(self, prompt_ids: list[int], output_tokens: int) -> Sequence:
@@ -87,6 +88,7 @@ class Engine:
             block_hashes(prompt_ids, self.config.block_size),
         )
         seq = Sequence(core, time.perf_counter())
+        self._arrival_s = seq.arrival_s
         core.handle = seq
         self.core.add(core)
         self._update_gauges()
@@ -108,11 +110,15 @@ class Engine:
     async def run(self) -> None:
         """The engine loop; runs until cancelled, then fails whatever is in flight."""
         core = self.core
+        self._deadline_s = max(self._deadline_s, time.perf_counter())
         try:
             while True:
                 if core.idle:
                     self._wakeup.clear()
                     await self._wakeup.wait()
+                    # As in virtual time: a step starts when the engine is free or,
+                    # if it was idle, when the request came (not when the loop woke).
+                    self._deadline_s = max(self._deadline_s, self._arrival_s)
                     continue
                 step_s = 0.0
                 emitted: dict[Sequence, None] = {}
@@ -140,14 +146,14 @@ class Engine:
                 seq.event.set()
 
     async def _sleep(self, duration_s: float) -> None:
-        # Steps are laid back to back on a deadline, so Python overhead inside a step
-        # does not stretch the modeled time unless it exceeds it.
+        # Steps are laid back to back on a deadline: neither Python overhead inside a
+        # step nor the loop waking late stretches the modeled time (a late loop
+        # catches up with shorter sleeps), as steps follow each other in virtual time.
         if duration_s <= 0:
             await asyncio.sleep(0)  # let the handlers write what the last step made
             return
-        now = time.perf_counter()
-        self._deadline_s = max(self._deadline_s, now) + duration_s
-        await asyncio.sleep(self._deadline_s - now)
+        self._deadline_s += duration_s
+        await asyncio.sleep(max(0.0, self._deadline_s - time.perf_counter()))
 
     def _deliver(self, seq: Sequence, now: float) -> None:
         if seq.finished:  # aborted while the step ran

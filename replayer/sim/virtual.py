@@ -63,13 +63,7 @@ class VirtualEngine:
                 start = max(self._free_at_ns, self.now_ns)
                 if limit_ns is not None and start > limit_ns:
                     return None
-                result = core.step()
-                assert result is not None
-                duration = max(1, round(result.duration_us * 1000))
-                self._pending = result
-                self._pending_end_ns = start + duration
-                self.steps += 1
-                self.busy_ns += duration
+                self._plan(start)
             end = self._pending_end_ns
             if limit_ns is not None and end > limit_ns:
                 return None
@@ -87,4 +81,18 @@ class VirtualEngine:
                     req.on_event(req)
                     visible = True
             if visible:
+                # A busy engine schedules its next step the moment the last one ends,
+                # before any client hears of it: what a client sends in reply joins
+                # the step after (as on the wall clock, where the reply comes later).
+                if core.running or core.waiting:
+                    self._plan(end)
                 return end
+
+    def _plan(self, start: int) -> None:
+        result = self.core.step()
+        assert result is not None
+        duration = max(1, round(result.duration_us * 1000))
+        self._pending = result
+        self._pending_end_ns = start + duration
+        self.steps += 1
+        self.busy_ns += duration
