@@ -16,6 +16,9 @@ from replayer.sim.metrics import EngineStats
 # Modeled steps shorter than this are run back to back and slept as one (only
 # reachable with a high --speed), so event-loop overhead does not become the GPU.
 _COALESCE_S = 0.001
+# A wake-up later than this behind the modeled time restarts the deadline chain at
+# now instead of being made up (the host, not the modeled engine, stalled).
+_CATCH_UP_S = 0.02
 
 
 class EngineStopped(RuntimeError):
@@ -113,6 +116,7 @@ class Engine:
                 if core.idle:
                     self._wakeup.clear()
                     await self._wakeup.wait()
+                    self._deadline_s = 0.0  # idle time is not modeled time
                     continue
                 step_s = 0.0
                 emitted: dict[Sequence, None] = {}
@@ -140,14 +144,17 @@ class Engine:
                 seq.event.set()
 
     async def _sleep(self, duration_s: float) -> None:
-        # Steps are laid back to back on a deadline, so Python overhead inside a step
-        # does not stretch the modeled time unless it exceeds it.
+        # Steps are laid back to back on a deadline: a late wake-up (the loop busy
+        # writing the last step's chunks) is made up in the next sleep, so Python
+        # overhead does not stretch the modeled time unless it exceeds a step.
         if duration_s <= 0:
             await asyncio.sleep(0)  # let the handlers write what the last step made
             return
         now = time.perf_counter()
-        self._deadline_s = max(self._deadline_s, now) + duration_s
-        await asyncio.sleep(self._deadline_s - now)
+        if now - self._deadline_s > _CATCH_UP_S:
+            self._deadline_s = now
+        self._deadline_s += duration_s
+        await asyncio.sleep(max(0.0, self._deadline_s - now))
 
     def _deliver(self, seq: Sequence, now: float) -> None:
         if seq.finished:  # aborted while the step ran
