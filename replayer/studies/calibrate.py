@@ -430,7 +430,7 @@ def step_samples(df: pd.DataFrame, budget: int) -> StepSamples:
 def fit_steps(samples: StepSamples) -> tuple[dict[str, float], float]:
     """Terms (>= 0) that best explain the steps' durations, by scipy's bounded
     least squares with a soft-L1 loss (a late chunk or a misread cluster is an
-    outlier, not a trend); and the steps' RMS relative residual."""
+    outlier, not a trend); and the median |relative residual| of the steps."""
     from scipy.optimize import least_squares
 
     x, y = samples.x, samples.y_us
@@ -460,6 +460,406 @@ def fit_steps(samples: StepSamples) -> tuple[dict[str, float], float]:
         x_scale="jac",
     )
     p = np.where(used, fit.x, 0.0) / scale
-    rel = (x @ p - y) / np.maximum(y, 1e-9)
+    pred = x @ p
+    # Relative to the model's step (> 0): a misread tiny interval stays finite.
+    rel = (pred - y) / np.maximum(pred, 1e-9)
     terms = {name: float(p[j]) for j, name in enumerate(TERMS)}
-    return terms, float(np.sqrt(np.mean(rel**2)))
+    return terms, float(np.median(np.abs(rel)))
+
+
+# -- replaying a live run's settings in virtual time -----------------------------
+
+
+def figures_of(df: pd.DataFrame) -> Figures:
+    """A run's figures, by ``analysis``' own definitions (ok, measured rows)."""
+    from analysis import metrics as m
+
+    def quantiles(values: FloatArray) -> dict[int, float]:
+        return {q: m.percentile(values, q) for q in QUANTILES}
+
+    return Figures(
+        ttft_ms=quantiles(m.ttft_ms(df)),
+        tpot_ms=quantiles(m.tpot_ms(df)),
+        e2e_ms=quantiles(m.e2e_ms(df)),
+        output_tok_s=float(m.throughput_tok_s(df)["output"]),
+        hit_rate=m.server_hit_rate(df),
+        ok=int(m.measured_ok(df).sum()),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replayable:
+    """A live run ready to be replayed in virtual time: its trace, its settings,
+    and its measured figures."""
+
+    path: Path
+    trace: Trace
+    config: ReplayConfig
+    measured: Figures
+    settings: tuple[tuple[str, Any], ...]  # what makes two runs repeats
+
+
+def replayable(run: Run) -> Replayable:
+    """The run's trace (re-read, checked against the hash it had) and replay
+    settings, rebuilt from its run.json.
+
+    Raises:
+        CalibrationError: the trace is gone or changed, or the settings unreadable.
+    """
+    from replayer.config import (
+        EndpointConfig,
+        Lanes,
+        RateArrivals,
+        ReplayConfig,
+        Schedule,
+        TraceTimestamps,
+    )
+    from replayer.errors import ConfigError
+    from replayer.records.rundir import trace_content_hash
+    from traces.errors import TraceError
+    from traces.io import read_trace
+    from traces.materialize import PromptConfig
+
+    meta = run.meta
+    where = run.path
+    if not meta.trace.path:
+        raise CalibrationError(f"{where}: run.json does not name the trace replayed")
+    trace_path = Path(meta.trace.path)
+    if not trace_path.exists():
+        raise CalibrationError(f"{where}: its trace {trace_path} is gone")
+    if meta.trace.content_hash and trace_content_hash(trace_path) != (
+        meta.trace.content_hash
+    ):
+        raise CalibrationError(
+            f"{where}: its trace {trace_path} changed since the run (content hash)"
+        )
+    cfg = meta.config
+    try:
+        trace = read_trace(trace_path)
+        sched = dict(cfg.get("schedule") or {})
+        kind = sched.pop("kind", "concurrency")
+        schedule: Schedule
+        if kind == "session_rate":
+            schedule = RateArrivals(**sched)
+        elif kind == "timestamps":
+            schedule = TraceTimestamps(**sched)
+        else:
+            schedule = Lanes(**sched)
+        ep = cfg.get("endpoint") or {}
+        names = {f.name for f in fields(PromptConfig)}
+        prompt = PromptConfig(
+            **{k: v for k, v in (cfg.get("prompt") or {}).items() if k in names}
+        )
+        ratio = cfg.get("start_ratio")
+        config = ReplayConfig(
+            endpoint=EndpointConfig(
+                model=ep.get("model") or meta.model,
+                api=ep.get("api") or "completions",
+                vllm_extras=bool(ep.get("vllm_extras", True)),
+                include_usage=bool(ep.get("include_usage", True)),
+            ),
+            prompt=prompt,
+            schedule=schedule,
+            think_scale=float(cfg.get("think_scale", 1.0)),
+            think_cap_s=cfg.get("think_cap_s"),
+            warmup_s=float(cfg.get("warmup_s", 0.0)),
+            duration_s=cfg.get("duration_s"),
+            drain=cfg.get("drain", "finish"),
+            loop=bool(cfg.get("loop", False)),
+            seed=int(cfg.get("seed", 0)),
+            scrape_interval_s=0.0,
+            max_inflight=cfg.get("max_inflight"),
+            labels=dict(meta.labels),
+            start_ratio=None if ratio is None else (float(ratio[0]), float(ratio[1])),
+            cache_warmup_s=float(cfg.get("cache_warmup_s", 0.0)),
+            idle_skip_s=cfg.get("idle_skip_s"),
+            on_error=cfg.get("on_error", "skip-session"),
+            session_id_scope=cfg.get("session_id_scope", "tree"),
+            live_assistant=bool(cfg.get("live_assistant", False)),
+        )
+    except TraceError as exc:
+        raise CalibrationError(f"{where}: its trace: {exc}") from None
+    except (ConfigError, ValueError, TypeError) as exc:
+        raise CalibrationError(f"{where}: run.json settings: {exc}") from None
+    settings = asdict(replace(config, prompt=replace(prompt, salt="")))
+    settings.pop("labels", None)
+    return Replayable(
+        path=run.path,
+        trace=trace,
+        config=config,
+        measured=figures_of(run.requests),
+        settings=tuple(sorted((k, repr(v)) for k, v in settings.items()))
+        + (("trace", str(meta.trace.content_hash)),),
+    )
+
+
+def predict(item: Replayable, model: EngineModel, workdir: Path) -> Figures:
+    """``item`` replayed in virtual time on ``model``: its figures."""
+    from analysis.load import load_run
+    from replayer.launch import replay
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    engine = workdir / "ENGINE.json"
+    write_engine_model(engine, model)
+    out = Path(tempfile.mkdtemp(prefix="virtual-", dir=workdir))
+    out.rmdir()
+    replay(item.trace, replace(item.config, virtual=str(engine)), out)
+    return figures_of(load_run(out).requests)
+
+
+# -- the fit: steps first, then the runs' own figures -----------------------------
+
+# Figures the refinement matches (log of predicted / measured, each run): the
+# middle and the tail of every latency, not the P99 of a short run (one request).
+_FIT_FIGURES = tuple(f"{n.removesuffix('_ms')}_p{q}_ms" for n in LATENCIES for q in (50, 90))
+_PRIOR = 0.1  # a term's refinement is held to ~10% of the step fit unless the runs insist
+_FIG_SCALE = 0.1  # a 10% miss on a figure weighs as much as a 10% move of a term
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    """``replayer calibrate``'s answer: the model and how it was found."""
+
+    model: EngineModel
+    step_terms: dict[str, float]  # the first estimate (from the steps)
+    steps: int  # engine steps read off the rows
+    step_residual: float  # median |relative residual| of those steps
+    evaluations: int  # virtual replays the refinement ran (per training run)
+    fitted: dict[str, Figures]  # run → its figures replayed on the final model
+    shape_sources: str  # where each cache-shape value came from
+
+
+def _model(terms: dict[str, float], shape: CacheShape, server: ServerInfo) -> EngineModel:
+    return EngineModel(steps=StepTerms(**terms), cache=shape, server=server)
+
+
+def _log_misses(pred: Figures, meas: Figures) -> list[float]:
+    a, b = pred.flat(), meas.flat()
+    out = []
+    for name in _FIT_FIGURES:
+        if b[name] > 0 and a[name] > 0 and math.isfinite(a[name] + b[name]):
+            out.append(math.log(a[name] / b[name]) / _FIG_SCALE)
+        else:
+            out.append(0.0)
+    return out
+
+
+def calibrate(
+    paths: Sequence[Path],
+    flags: ShapeFlags,
+    *,
+    refine_evals: int = 30,
+    workdir: Path,
+    progress: Callable[[str], None] | None = None,
+) -> Calibration:
+    """Fit the engine model to the live runs at ``paths``.
+
+    1. The steps: every ok row's chunk arrivals give the engine's steps and their
+       work (:func:`step_samples`); bounded soft-L1 least squares gives the terms.
+    2. The runs: each run is replayed in virtual time with its own settings on the
+       candidate terms, and scipy's least squares moves the terms (in log steps,
+       held to the step fit by a 10% prior) to match the runs' P50 and P90 TTFT,
+       TPOT and E2E, within ``refine_evals`` replays of each run (0: skip).
+
+    Raises:
+        CalibrationError: runs that cannot be used; too few steps to fit.
+    """
+    from scipy.optimize import least_squares
+
+    say = progress or (lambda _m: None)
+    runs = load_live_runs(paths)
+    shape, sources = cache_shape_of(runs, flags)
+    server = server_info(runs[0])
+    samples = [step_samples(r.requests, shape.max_num_batched_tokens) for r in runs]
+    both = StepSamples(
+        x=np.vstack([s.x for s in samples]),
+        y_us=np.concatenate([s.y_us for s in samples]),
+    )
+    first, step_residual = fit_steps(both)
+    say(
+        f"steps: {both.steps:,} read off {len(runs)} run(s); median step residual "
+        f"{step_residual:.1%}"
+    )
+    items = [replayable(r) for r in runs]
+    free = [name for name in TERMS if first[name] > 0]
+    evaluations = 0
+    cache: dict[tuple[float, ...], list[Figures]] = {}
+
+    def terms_at(theta: FloatArray) -> dict[str, float]:
+        out = dict(first)
+        for j, name in enumerate(free):
+            out[name] = first[name] * math.exp(float(theta[j]))
+        return out
+
+    def replay_all(terms: dict[str, float]) -> list[Figures]:
+        nonlocal evaluations
+        key = tuple(round(terms[n], 12) for n in TERMS)
+        if key not in cache:
+            evaluations += 1
+            model = _model(terms, shape, server)
+            cache[key] = [
+                predict(it, model, workdir / f"fit-{evaluations}") for it in items
+            ]
+        return cache[key]
+
+    def residuals(theta: FloatArray) -> FloatArray:
+        figs = replay_all(terms_at(theta))
+        out: list[float] = []
+        for pred, it in zip(figs, items, strict=True):
+            out.extend(_log_misses(pred, it.measured))
+        out.extend((theta / _PRIOR).tolist())
+        return np.asarray(out)
+
+    terms = dict(first)
+    if refine_evals > 0 and free:
+        theta0 = np.zeros(len(free))
+        start_cost = float(np.sum(residuals(theta0) ** 2))
+        fit = least_squares(
+            residuals,
+            theta0,
+            method="trf",
+            diff_step=0.05,
+            max_nfev=refine_evals,
+            x_scale=1.0,
+        )
+        if float(np.sum(fit.fun**2)) < start_cost:
+            terms = terms_at(fit.x)
+        say(
+            f"refined on {len(items)} run(s) in {evaluations} virtual replays each: "
+            f"cost {start_cost:.2f} -> {float(np.sum(fit.fun**2)):.2f}"
+        )
+    final = replay_all(terms)
+    residual = {
+        name: float(
+            np.sqrt(
+                np.mean(
+                    [
+                        (p.flat()[name] / it.measured.flat()[name] - 1) ** 2
+                        for p, it in zip(final, items, strict=True)
+                    ]
+                )
+            )
+        )
+        for name in _FIT_FIGURES
+    }
+    residual["steps_median"] = step_residual
+    model = EngineModel(
+        steps=StepTerms(**terms),
+        cache=shape,
+        server=server,
+        fit=FitReport(
+            method=(
+                "scipy.optimize.least_squares: soft-L1 on engine steps read off the "
+                "rows' chunk arrivals, then on the runs' P50/P90 TTFT, TPOT and E2E "
+                "replayed in virtual time (log terms, 10% prior)"
+            ),
+            runs=tuple(str(p) for p in paths),
+            rows=sum(it.measured.ok for it in items),
+            residuals=residual,
+        ),
+    )
+    return Calibration(
+        model=model,
+        step_terms=first,
+        steps=both.steps,
+        step_residual=step_residual,
+        evaluations=evaluations,
+        fitted={str(it.path): f for it, f in zip(items, final, strict=True)},
+        shape_sources=sources,
+    )
+
+
+# -- error bars: held-out live runs predicted ------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FigureError:
+    """One figure of one held-out setting: predicted against measured."""
+
+    name: str  # e.g. "ttft_p90_ms", "output_tok_s", "hit_rate"
+    predicted: float
+    measured: float  # the mean over the setting's repeats
+    error: float  # relative (predicted / measured - 1); hit rate: points
+    # The server's own run-to-run spread over the repeats: (max - min) / mean
+    # (hit rate: max - min, points); None with one run.
+    spread: float | None = None
+    unit: str = "relative"  # or "points"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HoldoutSetting:
+    """Held-out runs with one set of replay settings (repeats), and the figures."""
+
+    runs: tuple[str, ...]
+    label: str  # e.g. "concurrency 8"
+    figures: tuple[FigureError, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "runs": list(self.runs),
+            "label": self.label,
+            "figures": {f.name: {k: v for k, v in asdict(f).items() if k != "name"} for f in self.figures},
+        }
+
+
+def _label(item: Replayable) -> str:
+    from replayer.config import Lanes, RateArrivals
+
+    s = item.config.schedule
+    if isinstance(s, Lanes):
+        return f"concurrency {s.concurrency}"
+    if isinstance(s, RateArrivals):
+        return f"session rate {s.session_rate:g}/s"
+    return f"timestamps x{s.speedup:g}"
+
+
+def holdout(
+    model: EngineModel, paths: Sequence[Path], *, workdir: Path
+) -> list[HoldoutSetting]:
+    """Each held-out live run replayed in virtual time on ``model`` with its own
+    settings; repeats (runs of equal settings) are grouped, their measured figures
+    averaged and their spread given.
+
+    Raises:
+        CalibrationError: runs that cannot be used.
+    """
+    runs = load_live_runs(paths)
+    groups: dict[tuple[tuple[str, Any], ...], list[Replayable]] = {}
+    for run in runs:
+        item = replayable(run)
+        groups.setdefault(item.settings, []).append(item)
+    out: list[HoldoutSetting] = []
+    for k, items in enumerate(groups.values()):
+        pred = predict(items[0], model, workdir / f"holdout-{k}").flat()
+        measured = [it.measured.flat() for it in items]
+        figures = []
+        for name in pred:
+            values = np.asarray([m[name] for m in measured], dtype=np.float64)
+            mean = float(np.mean(values))
+            points = name == "hit_rate"
+            if points:
+                error = (pred[name] - mean) * 100
+                spread = float(np.ptp(values)) * 100 if values.size > 1 else None
+            else:
+                error = pred[name] / mean - 1 if mean > 0 else math.nan
+                spread = (
+                    float(np.ptp(values)) / mean if values.size > 1 and mean > 0 else None
+                )
+            figures.append(
+                FigureError(
+                    name=name,
+                    predicted=pred[name],
+                    measured=mean,
+                    error=error,
+                    spread=spread,
+                    unit="points" if points else "relative",
+                )
+            )
+        out.append(
+            HoldoutSetting(
+                runs=tuple(str(it.path) for it in items),
+                label=_label(items[0]),
+                figures=tuple(figures),
+            )
+        )
+    return out
