@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -275,7 +275,9 @@ def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, 
         ("simulator settings", sim.get("max_model_len")),
         ("the longest request of the runs", longest),
     )
-    assert seqs is not None and batched is not None and model_len is not None
+    assert seqs is not None
+    assert batched is not None
+    assert model_len is not None
     policy = str(sim.get("policy") or "vllm")
     host = _int(sim.get("host_capacity_tokens")) or 0
     shape = CacheShape(
@@ -307,12 +309,16 @@ class StepSamples:
         return int(self.y_us.size)
 
 
-def _events(df: pd.DataFrame) -> tuple[FloatArray, npt.NDArray[np.int64], ...]:
+def _events(
+    df: pd.DataFrame,
+) -> tuple[FloatArray, npt.NDArray[np.int64], FloatArray, FloatArray, FloatArray]:
     ok = df[df["status"] == "ok"]
     starts = ok["start_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
     chunks = ok["chunk_times_ns"].tolist()
-    prompt = ok["server_prompt_tokens"].fillna(ok["prompt_tokens"]).to_numpy(
-        dtype=np.float64, na_value=0.0
+    prompt = (
+        ok["server_prompt_tokens"]
+        .fillna(ok["prompt_tokens"])
+        .to_numpy(dtype=np.float64, na_value=0.0)
     )
     cached = ok["cached_tokens"].to_numpy(dtype=np.float64, na_value=0.0)
     out_tokens = ok["output_tokens"].to_numpy(dtype=np.float64, na_value=0.0)
@@ -331,9 +337,9 @@ def _events(df: pd.DataFrame) -> tuple[FloatArray, npt.NDArray[np.int64], ...]:
         req.extend([i] * n)
         tok.extend((np.arange(n) * per).tolist())
     return (
-        np.asarray(times),
+        np.asarray(times, dtype=np.float64),
         np.asarray(req, dtype=np.int64),
-        np.asarray(tok),
+        np.asarray(tok, dtype=np.float64),
         prompt,
         cached,
     )
@@ -431,7 +437,7 @@ def fit_steps(samples: StepSamples) -> tuple[dict[str, float], float]:
     """Terms (>= 0) that best explain the steps' durations, by scipy's bounded
     least squares with a soft-L1 loss (a late chunk or a misread cluster is an
     outlier, not a trend); and the median |relative residual| of the steps."""
-    from scipy.optimize import least_squares
+    from scipy.optimize import least_squares  # type: ignore[import-untyped]
 
     x, y = samples.x, samples.y_us
     if samples.steps < 2 * len(TERMS):
@@ -449,7 +455,8 @@ def fit_steps(samples: StepSamples) -> tuple[dict[str, float], float]:
     y_scale = float(np.median(y))
 
     def residuals(p: FloatArray) -> FloatArray:
-        return (xs @ p - y) / y_scale
+        out: FloatArray = (xs @ p - y) / y_scale
+        return out
 
     fit = least_squares(
         residuals,
@@ -588,8 +595,10 @@ def replayable(run: Run) -> Replayable:
         trace=trace,
         config=config,
         measured=figures_of(run.requests),
-        settings=tuple(sorted((k, repr(v)) for k, v in settings.items()))
-        + (("trace", str(meta.trace.content_hash)),),
+        settings=(
+            *sorted((k, repr(v)) for k, v in settings.items()),
+            ("trace", str(meta.trace.content_hash)),
+        ),
     )
 
 
@@ -611,8 +620,12 @@ def predict(item: Replayable, model: EngineModel, workdir: Path) -> Figures:
 
 # Figures the refinement matches (log of predicted / measured, each run): the
 # middle and the tail of every latency, not the P99 of a short run (one request).
-_FIT_FIGURES = tuple(f"{n.removesuffix('_ms')}_p{q}_ms" for n in LATENCIES for q in (50, 90))
-_PRIOR = 0.1  # a term's refinement is held to ~10% of the step fit unless the runs insist
+_FIT_FIGURES = tuple(
+    f"{n.removesuffix('_ms')}_p{q}_ms" for n in LATENCIES for q in (50, 90)
+)
+_PRIOR = (
+    0.1  # a term's refinement is held to ~10% of the step fit unless the runs insist
+)
 _FIG_SCALE = 0.1  # a 10% miss on a figure weighs as much as a 10% move of a term
 
 
@@ -629,7 +642,9 @@ class Calibration:
     shape_sources: str  # where each cache-shape value came from
 
 
-def _model(terms: dict[str, float], shape: CacheShape, server: ServerInfo) -> EngineModel:
+def _model(
+    terms: dict[str, float], shape: CacheShape, server: ServerInfo
+) -> EngineModel:
     return EngineModel(steps=StepTerms(**terms), cache=shape, server=server)
 
 
@@ -798,7 +813,10 @@ class HoldoutSetting:
         return {
             "runs": list(self.runs),
             "label": self.label,
-            "figures": {f.name: {k: v for k, v in asdict(f).items() if k != "name"} for f in self.figures},
+            "figures": {
+                f.name: {k: v for k, v in asdict(f).items() if k != "name"}
+                for f in self.figures
+            },
         }
 
 
@@ -843,7 +861,9 @@ def holdout(
             else:
                 error = pred[name] / mean - 1 if mean > 0 else math.nan
                 spread = (
-                    float(np.ptp(values)) / mean if values.size > 1 and mean > 0 else None
+                    float(np.ptp(values)) / mean
+                    if values.size > 1 and mean > 0
+                    else None
                 )
             figures.append(
                 FigureError(
