@@ -39,6 +39,8 @@ SIM_ARGS = [
 ]  # fmt: skip
 TRAIN = (2, 4)
 HOLDOUT = (1, 10, 12)
+KNEE = 6  # predicted, and checked against the true terms' prediction only
+REPEAT = 10  # run twice: the server's own run-to-run spread
 SESSIONS = (
     *("0003", "0254", "0274", "0369", "0131", "0150", "0208", "0481"),
     *("0017", "0579", "0597", "0651"),
@@ -82,8 +84,10 @@ def live_runs(
     prompts of at most 3,000 tokens, think gaps scaled to at most 0.1 s."""
     root = tmp_path_factory.mktemp("live")
     runs = {}
-    for c in (*TRAIN, *HOLDOUT):
-        out = root / f"c{c}"
+    for c, out in [
+        *((c, root / f"c{c}") for c in (*TRAIN, *HOLDOUT, KNEE)),
+        (REPEAT, root / f"c{REPEAT}-again"),
+    ]:
         result = _invoke(
             [
                 "run", str(small_weka), "--concurrency", str(c), "--quiet",
@@ -94,7 +98,7 @@ def live_runs(
             ]
         )  # fmt: skip
         assert result.exit_code == 0, result.output
-        runs[c] = out
+        runs[c if out.name == f"c{c}" else -c] = out
     return runs
 
 
@@ -124,13 +128,13 @@ def test_calibrate_recovers_hidden_truth_and_predicts_other_levels(
         assert abs(figs["hit_rate"]["error"]) <= 2.0, (held["label"], figs["hit_rate"])
     # The calibration's own error, apart from the live simulator's: the held-out
     # levels replayed in virtual time on the true terms.
-    truth_model = EngineModel(
-        steps=StepTerms(**TRUTH), cache=read_engine_model(engine).cache
-    )
-    runs = [live_runs[c] for c in HOLDOUT]
+    cal = read_engine_model(engine)
+    truth_model = EngineModel(steps=StepTerms(**TRUTH), cache=cal.cache)
+    runs = [live_runs[c] for c in (*HOLDOUT, KNEE)]
+    (knee,) = holdout(cal, [live_runs[KNEE]], workdir=tmp_path / "knee")
     for exact, held in zip(
         holdout(truth_model, runs, workdir=tmp_path / "truth"),
-        doc["holdout"],
+        [*doc["holdout"], knee.as_dict()],
         strict=True,
     ):
         figs = held["figures"]
@@ -146,10 +150,19 @@ def test_calibrate_recovers_hidden_truth_and_predicts_other_levels(
     assert hits["concurrency 12"] < hits["concurrency 1"] - 0.3
     assert time.perf_counter() - started < 40
 
-    text = _invoke(args)
-    assert text.exit_code == 0
+    # A repeat of a held-out level: its runs are one setting, with their spread.
+    text = _invoke([*args, "--holdout", str(live_runs[-REPEAT])])
+    assert text.exit_code == 0, text.output
     assert "holdout concurrency 12" in text.stdout
-    assert "TTFT P90" in text.stdout
+    assert f"holdout concurrency {REPEAT} (" in text.stdout
+    assert "2 repeats" in text.stdout
+    again = json.loads(
+        _invoke([*args, "--holdout", str(live_runs[-REPEAT]), "--json"]).stdout
+    )["holdout"]
+    (group,) = [h for h in again if h["label"] == f"concurrency {REPEAT}"]
+    assert len(group["runs"]) == 2
+    assert all(f["spread"] is not None for f in group["figures"].values())
+    assert len(again) == len(HOLDOUT)
 
 
 def _one_line_exit_2(result: Result, *needles: str) -> None:
