@@ -4,6 +4,7 @@ own settings. See docs/engine-model.md ("Calibration")."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 from collections.abc import Callable, Sequence
@@ -63,6 +64,10 @@ _SERVER_LABELS = (
 # The figures compared between a live run and its virtual replay.
 QUANTILES = (50, 90, 99)
 LATENCIES = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+
+class _BudgetSpent(Exception):
+    """The refinement used its replays (caught where it starts)."""
 
 
 class CalibrationError(ReplayerError):
@@ -663,7 +668,7 @@ def calibrate(
     paths: Sequence[Path],
     flags: ShapeFlags,
     *,
-    refine_evals: int = 30,
+    refine_evals: int = 0,
     workdir: Path,
     progress: Callable[[str], None] | None = None,
 ) -> Calibration:
@@ -717,31 +722,35 @@ def calibrate(
             ]
         return cache[key]
 
+    best: list[tuple[float, FloatArray]] = []  # the least cost seen, and where
+
     def residuals(theta: FloatArray) -> FloatArray:
+        if evaluations >= refine_evals:
+            raise _BudgetSpent
         figs = replay_all(terms_at(theta))
         out: list[float] = []
         for pred, it in zip(figs, items, strict=True):
             out.extend(_log_misses(pred, it.measured))
         out.extend((theta / _PRIOR).tolist())
-        return np.asarray(out)
+        res = np.asarray(out, dtype=np.float64)
+        cost = float(np.sum(res**2))
+        if not best or cost < best[0][0]:
+            best[:] = [(cost, np.array(theta, dtype=np.float64))]
+        return res
 
     terms = dict(first)
-    if refine_evals > 0 and free:
+    if refine_evals > 1 and free:
         theta0 = np.zeros(len(free))
         start_cost = float(np.sum(residuals(theta0) ** 2))
-        fit = least_squares(
-            residuals,
-            theta0,
-            method="trf",
-            diff_step=0.05,
-            max_nfev=refine_evals,
-            x_scale=1.0,
-        )
-        if float(np.sum(fit.fun**2)) < start_cost:
-            terms = terms_at(fit.x)
+        # The budget counts every replay, the Jacobian's included (scipy's
+        # max_nfev does not): when it is spent, the best point seen is kept.
+        with contextlib.suppress(_BudgetSpent):
+            least_squares(residuals, theta0, method="trf", diff_step=0.05)
+        cost, theta = best[0]
+        terms = terms_at(theta)
         say(
             f"refined on {len(items)} run(s) in {evaluations} virtual replays each: "
-            f"cost {start_cost:.2f} -> {float(np.sum(fit.fun**2)):.2f}"
+            f"cost {start_cost:.2f} -> {cost:.2f}"
         )
     final = replay_all(terms)
     residual = {

@@ -150,6 +150,18 @@ def test_calibrate_recovers_hidden_truth_and_predicts_other_levels(
     assert hits["concurrency 12"] < hits["concurrency 1"] - 0.3
     assert time.perf_counter() - started < 40
 
+    # The refinement on the runs' own figures keeps to its replay budget and, on
+    # the simulator, near the truth the steps gave.
+    train = [str(live_runs[c]) for c in TRAIN]
+    refined = _invoke(
+        ["calibrate", *train, "-o", str(tmp_path / "R.json"), "--refine-evals", "8",
+         "--json"]
+    )  # fmt: skip
+    assert refined.exit_code == 0, refined.output
+    doc = json.loads(refined.stdout)
+    assert 2 <= doc["refine_evaluations"] <= 8
+    for name, truth in TRUTH.items():
+        assert doc["steps"][name] == pytest.approx(truth, rel=0.10), name
     # A repeat of a held-out level: its runs are one setting, with their spread.
     text = _invoke([*args, "--holdout", str(live_runs[-REPEAT])])
     assert text.exit_code == 0, text.output
