@@ -198,6 +198,7 @@ def calibrate(
                 "step_terms": cal.step_terms,
                 "refine_evaluations": cal.evaluations,
                 "cache_sources": cal.shape_sources,
+                "notes": list(cal.notes),
                 "holdout": [s.as_dict() for s in held],
             }
         )

@@ -314,11 +314,23 @@ class StepSamples:
         return int(self.y_us.size)
 
 
-def _events(
-    df: pd.DataFrame,
-) -> tuple[FloatArray, npt.NDArray[np.int64], FloatArray, FloatArray, FloatArray]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Events:
+    """Every chunk of every ok row (time, row, tokens before it), and the rows."""
+
+    times: FloatArray  # run-relative ns
+    req: npt.NDArray[np.int64]  # the row's index among the ok rows
+    tok: FloatArray  # output tokens before this chunk's
+    prompt: FloatArray  # per row: prompt tokens (the server's count if it gave one)
+    cached: FloatArray  # per row: cached tokens (0 when not reported)
+    starts: FloatArray  # per row: sent, ns
+    ends: FloatArray  # per row: last byte, ns
+
+
+def _events(df: pd.DataFrame) -> _Events:
     ok = df[df["status"] == "ok"]
     starts = ok["start_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
+    ends = ok["end_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
     chunks = ok["chunk_times_ns"].tolist()
     prompt = (
         ok["server_prompt_tokens"]
@@ -341,12 +353,14 @@ def _events(
         times.extend((s + arr).tolist())
         req.extend([i] * n)
         tok.extend((np.arange(n) * per).tolist())
-    return (
-        np.asarray(times, dtype=np.float64),
-        np.asarray(req, dtype=np.int64),
-        np.asarray(tok, dtype=np.float64),
-        prompt,
-        cached,
+    return _Events(
+        times=np.asarray(times, dtype=np.float64),
+        req=np.asarray(req, dtype=np.int64),
+        tok=np.asarray(tok, dtype=np.float64),
+        prompt=prompt,
+        cached=cached,
+        starts=starts,
+        ends=ends,
     )
 
 
@@ -363,7 +377,8 @@ def step_samples(df: pd.DataFrame, budget: int) -> StepSamples:
     tokens per step. Steps where a request resumed after missing steps (a
     preemption's recompute, of unknown size) are dropped.
     """
-    times, req, tok, prompt, cached = _events(df)
+    ev = _events(df)
+    times, req, tok, prompt, cached = ev.times, ev.req, ev.tok, ev.prompt, ev.cached
     empty = StepSamples(x=np.zeros((0, len(TERMS))), y_us=np.zeros(0))
     if times.size < 3:
         return empty
@@ -433,9 +448,44 @@ def step_samples(df: pd.DataFrame, budget: int) -> StepSamples:
     keep = valid & ~bad
     keep[0] = False
     y = np.diff(end, prepend=np.nan) / 1000.0
+    lone_x, lone_y = _lone_prefills(ev, cluster, end, budget)
+    x = np.vstack([x[keep], lone_x])
+    y = np.concatenate([y[keep], lone_y])
     for j, name in enumerate(TERMS):
         x[:, j] *= _TO_US.get(name, 1.0)
-    return StepSamples(x=x[keep], y_us=y[keep])
+    return StepSamples(x=x, y_us=y)
+
+
+def _lone_prefills(
+    ev: _Events, cluster: npt.NDArray[np.int64], end: FloatArray, budget: int
+) -> tuple[FloatArray, FloatArray]:
+    """Steps of requests that arrived at an idle engine: sent with no other request
+    in flight, their first token alone in its step, their prompt within one step's
+    budget. From send to first token is then one step (and the network's share), a
+    prefill with no decode: at one lane, the only steps that show the prefill terms."""
+    rows_x: list[list[float]] = []
+    rows_y: list[float] = []
+    first = np.flatnonzero(ev.tok == 0)
+    sizes = np.bincount(cluster, minlength=end.size)
+    order = np.argsort(ev.starts)
+    starts, ends = ev.starts[order], ev.ends[order]
+    for i in first:
+        r = int(ev.req[i])
+        cl = int(cluster[i])
+        s = ev.starts[r]
+        computed = max(ev.prompt[r] - ev.cached[r], 1.0)
+        if sizes[cl] != 1 or computed > budget or not math.isfinite(s):
+            continue
+        # Others in flight at its send: started before it and not ended by then.
+        k = int(np.searchsorted(starts, s, side="left"))
+        if np.any(ends[:k] > s):
+            continue
+        rows_x.append([1.0, 0.0, 0.0, computed, ev.cached[r], 1.0])
+        rows_y.append((end[cl] - s) / 1000.0)
+    return (
+        np.asarray(rows_x, dtype=np.float64).reshape(-1, len(TERMS)),
+        np.asarray(rows_y, dtype=np.float64),
+    )
 
 
 def fit_steps(samples: StepSamples) -> tuple[dict[str, float], float]:
@@ -645,6 +695,7 @@ class Calibration:
     evaluations: int  # virtual replays the refinement ran (per training run)
     fitted: dict[str, Figures]  # run → its figures replayed on the final model
     shape_sources: str  # where each cache-shape value came from
+    notes: tuple[str, ...] = ()  # terms the runs could not separate
 
 
 def _model(
@@ -696,10 +747,13 @@ def calibrate(
         y_us=np.concatenate([s.y_us for s in samples]),
     )
     first, step_residual = fit_steps(both)
+    notes = _unseen(both)
     say(
         f"steps: {both.steps:,} read off {len(runs)} run(s); median step residual "
         f"{step_residual:.1%}"
     )
+    for note in notes:
+        say(f"note: {note}")
     items = [replayable(r) for r in runs]
     free = [name for name in TERMS if first[name] > 0]
     evaluations = 0
@@ -790,7 +844,31 @@ def calibrate(
         evaluations=evaluations,
         fitted={str(it.path): f for it, f in zip(items, final, strict=True)},
         shape_sources=sources,
+        notes=tuple(notes),
     )
+
+
+def _unseen(samples: StepSamples) -> list[str]:
+    """What the steps cannot tell apart: terms whose work never occurs (fitted as
+    0), and a decode batch that never changes size (its cost is in the base)."""
+    x = samples.x
+    notes = []
+    what = {
+        "prefill_us_per_token": "no prompt token computed",
+        "gpu_hit_us_per_token": "no cached prompt token reported",
+        "request_overhead_us": "no admission",
+        "decode_us_per_context_token": "no decoding sequence",
+    }
+    for j, name in enumerate(TERMS):
+        if name in what and not np.any(x[:, j] > 0):
+            notes.append(f"{what[name]} in the steps read: {name} is 0")
+    batch = np.unique(x[:, 1][x[:, 1] > 0])
+    if batch.size < 2:
+        notes.append(
+            "every decode step ran the same number of sequences: decode_per_seq_ms "
+            "cannot be told from decode_base_ms (calibrate on two concurrency levels)"
+        )
+    return notes
 
 
 # -- error bars: held-out live runs predicted ------------------------------------
