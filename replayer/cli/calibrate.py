@@ -170,10 +170,19 @@ def calibrate(
     ENGINE.json for `--virtual`, and predict --holdout runs against measured."""
     from replayer.cli.output import echo_json
     from replayer.records.engine_model import write_engine_model
-    from replayer.studies.calibrate import ShapeFlags, calibrate, holdout
+    from replayer.studies.calibrate import (
+        ShapeFlags,
+        calibrate,
+        holdout,
+        load_live_runs,
+    )
 
     with errors_as_messages(), tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        if holdout_dirs:
+            # Held-out runs must be of the server the model is fitted on: said
+            # before the fit, not after.
+            load_live_runs([*run_dirs, *holdout_dirs])
         cal = calibrate(
             list(run_dirs),
             ShapeFlags(**shape),
@@ -183,10 +192,6 @@ def calibrate(
         )
         held = []
         if holdout_dirs:
-            # The held-out runs must be of the server the model was fitted on.
-            from replayer.studies.calibrate import load_live_runs
-
-            load_live_runs([run_dirs[0], *holdout_dirs])
             held = holdout(cal.model, list(holdout_dirs), workdir=work)
         write_engine_model(out, cal.model)
     if as_json:
