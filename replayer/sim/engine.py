@@ -16,6 +16,9 @@ from replayer.sim.metrics import EngineStats
 # Modeled steps shorter than this are run back to back and slept as one (only
 # reachable with a high --speed), so event-loop overhead does not become the GPU.
 _COALESCE_S = 0.001
+# A wake-up later than this behind the modeled time restarts the deadline chain at
+# now instead of being made up (the host, not the modeled engine, stalled).
+_CATCH_UP_S = 0.02
 
 
 class EngineStopped(RuntimeError):
@@ -149,11 +152,16 @@ class Engine:
         # Steps are laid back to back on a deadline: neither Python overhead inside a
         # step nor the loop waking late stretches the modeled time (a late loop
         # catches up with shorter sleeps), as steps follow each other in virtual time.
+        # Only a stall longer than _CATCH_UP_S (the host, not the modeled engine)
+        # restarts the chain at now.
         if duration_s <= 0:
             await asyncio.sleep(0)  # let the handlers write what the last step made
             return
+        now = time.perf_counter()
+        if now - self._deadline_s > _CATCH_UP_S:
+            self._deadline_s = now
         self._deadline_s += duration_s
-        await asyncio.sleep(max(0.0, self._deadline_s - time.perf_counter()))
+        await asyncio.sleep(max(0.0, self._deadline_s - now))
 
     def _deliver(self, seq: Sequence, now: float) -> None:
         if seq.finished:  # aborted while the step ran

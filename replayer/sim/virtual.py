@@ -45,7 +45,14 @@ class VirtualEngine:
 
     def submit(self, req: VirtualRequest, at_ns: int) -> None:
         self.now_ns = max(self.now_ns, at_ns)
-        self.core.add(req.core)
+        core = self.core
+        idle = not core.running and not core.waiting
+        core.add(req.core)
+        if idle and self._pending is None and self._free_at_ns <= self.now_ns:
+            # An idle engine starts a step on the first arrival, as on the wall
+            # clock: requests sent "at the same time" reach a real server one by
+            # one, and the later ones join the next step.
+            self._plan(self.now_ns)
 
     def abort(self, req: VirtualRequest, at_ns: int) -> None:
         self.now_ns = max(self.now_ns, at_ns)
