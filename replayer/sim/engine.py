@@ -74,7 +74,7 @@ class Engine:
         self.stats.num_gpu_blocks = self.core.pool.num_blocks
         self._wakeup = asyncio.Event()
         self._deadline_s = 0.0
-        self._arrival_s = 0.0  # the latest submit: an idle engine's next step starts then
+        self._arrival_s = 0.0  # the latest submit: an idle engine steps from there
         self._stopped = False
 
     def submit(self, prompt_ids: list[int], output_tokens: int) -> Sequence:

@@ -75,6 +75,7 @@ class VirtualEngine:
             if limit_ns is not None and end > limit_ns:
                 return None
             result = self._pending
+            assert result is not None
             self._pending = None
             self._free_at_ns = end
             self.now_ns = max(self.now_ns, end)
