@@ -184,3 +184,35 @@ def test_capacity_applies_the_agentx_profile_to_its_cells(tmp_path: Path) -> Non
     assert protocol["idle_skip_s"] == 10.0
     assert protocol["cache_warmup_s"] == 5.0  # an explicit flag wins
     assert meta["config"]["loop"] is True
+
+
+def test_cache_curve_engine_gives_the_engine_hit_per_budget(
+    tmp_path: Path,
+) -> None:
+    trace = str(_trace(tmp_path / "t.jsonl", 8))
+    r = _run(
+        "trace", "cache-curve", trace, "--concurrency", "8", "--think-scale", "0",
+        "--budgets", "16000,22000,200000", "--engine", "sim", "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["engine"] == {"source": "sim", "sim_args": ""}
+    small, mid, big = doc["budgets"]
+    for point in doc["budgets"]:
+        assert 0.0 <= point["engine_hit_rate"] <= doc["ceiling_hit_rate"] + 1e-9
+    # Where the KV holds everything, the engine reaches the trace's ceiling (to a
+    # block per prompt); at the knee it falls, and never above the trace-only LRU
+    # (running prompts pin blocks LRU would have kept).
+    assert big["engine_hit_rate"] == pytest.approx(doc["ceiling_hit_rate"], abs=0.03)
+    assert small["engine_hit_rate"] < mid["engine_hit_rate"] < big["engine_hit_rate"]
+    for point in (small, mid):
+        assert point["engine_hit_rate"] <= point["lru_hit_rate"] + 0.01
+    text = _run(
+        "trace", "cache-curve", trace, "--concurrency", "8", "--think-scale", "0",
+        "--budgets", "12000", "--engine", "sim",
+    )  # fmt: skip
+    assert text.returncode == 0, text.stderr
+    assert "engine" in text.stdout
+    bad = _run("trace", "cache-curve", trace, "--sim-args", "--policy reserve")
+    assert bad.returncode == 2
+    assert "add --engine" in bad.stderr
