@@ -183,6 +183,56 @@ class Scheduler:
         )
         return StepResult(duration_us, emitted, prefill, decode)
 
+    def decode_run(self) -> int:
+        """How many steps from now are pure decode steps that finish no request:
+        nothing waits, every running request decodes one token a step. 0 when the
+        next step is anything else. Those steps are what :meth:`decode_steps` runs
+        at once (a driver's shortcut; :meth:`step` gives the same)."""
+        running = self.running
+        if self.waiting or not running:
+            return 0
+        if len(running) > self.config.max_num_batched_tokens:
+            return 0
+        left = 1 << 62
+        for req in running:
+            if not req.generated or req.computed != req.num_tokens - 1:
+                return 0
+            left = min(left, req.output_tokens - req.generated)
+        return left - 1  # the finishing step goes through step()
+
+    def decode_steps(self, k: int) -> tuple[int, int] | None:
+        """Run ``k`` <= :meth:`decode_run` pure decode steps at once; (decoding
+        sequences, context tokens of the first step), each later step reading one
+        more token per sequence. None, with nothing done, when the pool cannot grow
+        every sequence for ``k`` steps (the steps may preempt: use :meth:`step`).
+
+        The blocks the steps take come off the free queue's head in the order
+        step() takes them, so evictions (and the host tier) are the same; which
+        fresh block goes to which request differs, and nothing observes it."""
+        bs = self.block_size
+        running = self.running
+        need = [
+            max(0, -(-(req.computed + k) // bs) - len(req.blocks)) for req in running
+        ]
+        total = sum(need)
+        if total > self.pool.num_free:
+            return None
+        context = 0
+        for req in running:
+            context += req.num_tokens
+        if total:
+            fresh = self.pool.take(total)
+            at = 0
+            for req, n in zip(running, need, strict=True):
+                if n:
+                    req.blocks.extend(fresh[at : at + n])
+                    at += n
+        for req in running:
+            req.computed += k
+            req.generated += k
+        self.stats.generation_tokens += k * len(running)
+        return len(running), context
+
     def reset_prefix_cache(self) -> int:
         return self.pool.reset()
 
