@@ -130,6 +130,7 @@ class Scheduler:
                     break
             if victim is req:
                 break
+            self._cache_full_blocks(req, bs, req.computed + n)
             scheduled.append((req, n))
             budget -= n
             i += 1
@@ -150,6 +151,9 @@ class Scheduler:
                     req.admitted = True
                     new += 1
                 n = min(req.num_tokens - req.computed, budget)
+                # Cached as they are scheduled, as vLLM's allocate_slots does: a
+                # request admitted next in this very step already hits them.
+                self._cache_full_blocks(req, bs, req.computed + n)
                 scheduled.append((req, n))
                 budget -= n
         prefill = decode = context = 0
@@ -163,7 +167,6 @@ class Scheduler:
             else:
                 prefill += n
             req.computed += n
-            self._cache_full_blocks(req, bs)
             if req.computed >= req.num_tokens:
                 req.generated += 1
                 stats.generation_tokens += 1
@@ -289,8 +292,9 @@ class Scheduler:
             stats.prompt_tokens += req.prompt_tokens
         return len(gpu) * bs, len(host) * bs
 
-    def _cache_full_blocks(self, req: CoreRequest, bs: int) -> None:
-        full = min(req.computed, req.prompt_tokens) // bs
+    def _cache_full_blocks(self, req: CoreRequest, bs: int, upto: int) -> None:
+        """Make the prompt's full blocks among the first ``upto`` tokens hittable."""
+        full = min(upto, req.prompt_tokens) // bs
         if full > req.cached_blocks:
             hashes, blocks, cache = req.hashes, req.blocks, self.pool.cache
             for k in range(req.cached_blocks, min(full, len(hashes))):

@@ -161,3 +161,19 @@ def test_host_tier_hits_cost_their_load_time() -> None:
     gpu = again.cached_tokens - again.host_hit_tokens
     assert steps == [pytest.approx(2.0 * again.host_hit_tokens + 10.0 * computed)]
     assert gpu >= 0
+
+
+def test_a_request_admitted_later_in_the_same_step_hits_the_blocks_just_scheduled() -> (
+    None
+):
+    """vLLM caches a request's full blocks when it schedules them (allocate_slots), so
+    a twin admitted next in the same step hits them, as it would one step later."""
+    core = Scheduler(SimConfig.fast(block_size=16, max_num_batched_tokens=4096))
+    first, twin = _req(0, 200, 2, 16), _req(0, 200, 2, 16)
+    core.add(first)
+    core.add(twin)
+    result = core.step()
+    assert result is not None
+    assert first.cached_tokens == 0
+    assert twin.cached_tokens == 192  # 12 full blocks (the last token recomputed)
+    assert result.prefill_tokens == 200 + 8
