@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from replayer.cli.errors import CommandError
+from replayer.cli.params import POSITIVE, SEED, SESSIONS
 
 if TYPE_CHECKING:
     from traces.generate import GeneratorConfig
@@ -50,10 +51,10 @@ def _resolve(
 )
 @click.option(
     "--sessions",
-    type=click.IntRange(min=1),
+    type=SESSIONS,
     help="Root sessions to generate [default: the preset's or the fitted trace's].",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option(
     "--preset",
     type=click.Choice(_PRESET_NAMES),
@@ -82,7 +83,7 @@ def _resolve(
 )
 @click.option(
     "--session-rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     help="Session arrivals per second (Poisson); writes each session's start_t.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the trace stats as JSON.")

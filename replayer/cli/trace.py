@@ -10,7 +10,17 @@ import click
 
 from replayer.cli.errors import errors_as_messages
 from replayer.cli.output import echo_json
-from replayer.cli.params import int_list
+from replayer.cli.params import (
+    BLOCK_TOKENS,
+    FACTOR,
+    LANES,
+    MAX_RATE,
+    SECONDS,
+    TOKENS,
+    Quantity,
+    count,
+    int_list,
+)
 
 if TYPE_CHECKING:
     from traces.cache_curve import CacheCurve
@@ -129,7 +139,7 @@ _TRACE_SOURCES = ("bailian", "burstgpt")  # public traces: traces.bailian, .burs
 )
 @click.option(
     "--block-size",
-    type=click.IntRange(min=1),
+    type=BLOCK_TOKENS,
     help="Tokens per hash block [default: 64; bailian: the trace's 16].",
 )
 @click.option(
@@ -218,26 +228,26 @@ def _token_list(
 @click.argument("path", type=_TRACE_PATH)
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=LANES,
     default=1,
     show_default=True,
     help="Live session trees, as `replayer run --concurrency`.",
 )
 @click.option(
     "--think-scale",
-    type=click.FloatRange(min=0),
+    type=FACTOR,
     default=1.0,
     show_default=True,
     help="Multiplies the trace's think gaps, as `replayer run --think-scale`.",
 )
 @click.option(
     "--think-cap",
-    type=click.FloatRange(min=0),
+    type=SECONDS,
     help="Caps each (scaled) think gap, seconds, as `replayer run --think-cap`.",
 )
 @click.option(
     "--max-inflight",
-    type=click.IntRange(min=1),
+    type=count(1),
     help="Cap on requests in flight, as `replayer run --max-inflight`.",
 )
 @click.option(
@@ -248,23 +258,23 @@ def _token_list(
 )
 @click.option(
     "--block-tokens",
-    type=click.IntRange(min=1),
+    type=BLOCK_TOKENS,
     help="Server tokens per trace block, as `replayer run --block-tokens` "
     "[default: the trace's block size].",
 )
 @click.option(
     "--bytes-per-token",
-    type=click.IntRange(min=1),
+    type=count(1),
     help="KV bytes per token: budgets are shown in GiB too.",
 )
 @click.option(
     "--server-kv-tokens",
-    type=click.IntRange(min=0),
+    type=TOKENS,
     help="The server's KV size in tokens: which side of the knee it sits.",
 )
 @click.option(
     "--server-kv-gib",
-    type=click.FloatRange(min=0),
+    type=Quantity(min=0, max=MAX_RATE),
     help="The server's KV size in GiB (needs --bytes-per-token).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
