@@ -483,7 +483,9 @@ def check_rows(
     inputs = np.clip(rows.input_tokens, 0, MAX_TOKENS)
     full, ceil = inputs // block, -(-inputs // block)
     n = rows.n_blocks
-    for i in np.flatnonzero((n != full) & (n != ceil)).tolist():
+    # As the JSON reader: a row whose `in` is wrong has nothing to fit its ids to.
+    fits = (n == full) | (n == ceil) | (inputs != rows.input_tokens)
+    for i in np.flatnonzero(~fits).tolist():
         at(
             i,
             "hash_ids",

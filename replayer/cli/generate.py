@@ -24,6 +24,7 @@ def _resolve(
 ) -> GeneratorConfig:
     import orjson
 
+    from traces.errors import TraceError
     from traces.fit import fit_config
     from traces.generate import PRESETS, GeneratorConfig
     from traces.io import read_trace
@@ -31,7 +32,11 @@ def _resolve(
     if sum(x is not None for x in (preset, config, calibrate_from)) > 1:
         raise click.UsageError("use only one of --preset, --config, --calibrate-from")
     if calibrate_from is not None:
-        return fit_config(read_trace(calibrate_from))
+        trace = read_trace(calibrate_from)
+        try:
+            return fit_config(trace)
+        except TraceError as exc:
+            raise TraceError(f"{calibrate_from}: {exc}") from exc
     if config is not None:
         try:
             obj = orjson.loads(config.read_bytes())
