@@ -1,5 +1,5 @@
-"""Option types and values the commands share the parsing of: every bound a flag has
-lives here, once (docs/cli.md). A bad value is a one-line usage error, exit 2."""
+"""Option types and values the commands share the parsing of, with the bounds they
+share (docs/replaying.md). A bad value is a one-line usage error, exit status 2."""
 
 from __future__ import annotations
 

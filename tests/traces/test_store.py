@@ -117,7 +117,9 @@ def test_store_with_negative_input_fails_validate_and_run(tmp_path: Path) -> Non
         b'{"format": "replayer-trace-store/2", "sessions": [{"n": "3"}]}',
     ],
 )
-def test_store_with_bad_metadata_is_one_trace_error(tmp_path: Path, meta: bytes) -> None:
+def test_store_with_bad_metadata_is_one_trace_error(
+    tmp_path: Path, meta: bytes
+) -> None:
     src = _store_of_three(tmp_path)
     table = pq.read_table(src)
     md = dict(table.schema.metadata)
