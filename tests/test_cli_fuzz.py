@@ -310,36 +310,31 @@ def _argv(
         # A real replay then: no Ray (it would start or join a cluster).
         chosen = [p for p in chosen if "--ray" not in p.opts]
     given: set[str] = set()
+    pairs: list[tuple[str, ...]] = []
     for param in chosen:
         flag = max(param.opts, key=len)
         given.add(flag)
         if param.is_flag:
-            argv.append(draw(st.sampled_from([*param.opts, *param.secondary_opts])))
+            pairs.append((draw(st.sampled_from([*param.opts, *param.secondary_opts])),))
             continue
         pool, good = _pool(name, param, world), _good(name, param, world)
         for _ in range(draw(st.integers(1, 2)) if param.multiple else 1):
-            argv += [flag, _value(draw, good, pool, 800 if param.required else share)]
-    argv += _cheap(name, given, world)
-    pairs: set[tuple[str, ...]] = set()
-    rest = argv[len(positional) :]
-    while rest:
-        takes = (
-            rest[0].startswith("-") and len(rest) > 1 and not rest[1].startswith("-")
-        )
-        pairs.add(tuple(rest[: 1 + takes]))
-        rest = rest[1 + takes :]
+            value = _value(draw, good, pool, 800 if param.required else share)
+            pairs.append((flag, value))
+    pairs += _cheap(name, given, world)
+    argv += [a for pair in pairs for a in pair]
     key = (positional, frozenset(pairs))
     fresh = [world.new(a[3:]).as_posix() if a.startswith("NEW") else a for a in argv]
     return fresh, key
 
 
-def _cheap(command: str, given: set[str], world: World) -> list[str]:
+def _cheap(command: str, given: set[str], world: World) -> list[tuple[str, ...]]:
     """What keeps an example short when it does not set it itself."""
-    out: list[str] = []
+    out: list[tuple[str, ...]] = []
 
     def default(flag: str, *value: str) -> None:
         if flag not in given:
-            out.extend([flag, *value])
+            out.append((flag, *value))
 
     if command in ("run", "sweep", "capacity"):
         default("--quiet")
