@@ -91,7 +91,7 @@ def test_cli_other_float_flags_reject_nan_and_inf(
         ["generate", "-o", "{out}", "--seed", "-1"],
         ["run", "{trace}", "--virtual", "sim", "--block-tokens", "100000000"],
         ["run", "{trace}", "--virtual", "sim", "--concurrency", "1000000000"],
-        ["run", "{trace}", "--virtual", "sim", "--workers", "100000"],
+        ["run", "{trace}", "--virtual", "sim", "--ray-workers", "100000"],
         ["generate", "-o", "{out}", "--sessions", "10000000000"],
         ["trace", "cache-curve", "{trace}", "--block-tokens", "100000000"],
         ["sweep", "{trace}", "--concurrency", "1,1000000000", "--out", "{out}"],
