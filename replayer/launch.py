@@ -47,9 +47,12 @@ def replay(
     *,
     run_id: str | None = None,
     progress: TextIO | None = None,
+    sim: dict[str, Any] | None = None,
 ) -> RunSummary:
     """Replay ``trace`` (a path, or a loaded Trace for one worker) per ``config``
     into ``run_dir`` (default ``runs/<run id>``); return the run's summary.
+    ``sim``: the settings of the built-in simulator ``config``'s URL already points
+    at (a study that started it once, from :func:`running_endpoint`).
 
     Raises:
         ReplayerError, TraceError: bad input, an unreachable endpoint, a worker that
@@ -90,7 +93,8 @@ def replay(
         summary = replay_virtual(loaded, config, out, meta=meta, progress=progress)
         _record_steady_state(summary)
         return summary
-    with running_endpoint(config) as (config, sim):
+    with running_endpoint(config) as (config, started):
+        sim = started if started is not None else sim
         meta = replace(meta, simulated=sim is not None, sim=sim)
         if sim is not None and loaded is not None:
             meta = replace(meta, warnings=sim_fit_warnings(loaded, config, sim))
@@ -159,8 +163,12 @@ def running_endpoint(
     config: ReplayConfig,
 ) -> Iterator[tuple[ReplayConfig, dict[str, Any] | None]]:
     """``config`` with a URL and a model: the built-in simulated endpoint is started
-    (and stopped after) when it names no URL; yields the simulator's settings too."""
+    (and stopped after) when it names no URL; yields the simulator's settings too.
+    A ``--virtual`` config is yielded as it is (each replay makes its own engine)."""
     sim: dict[str, Any] | None = None
+    if config.virtual is not None:  # an engine model in virtual time: no server
+        yield config, None
+        return
     with contextlib.ExitStack() as stack:
         endpoint = config.endpoint
         if endpoint.base_url is None:

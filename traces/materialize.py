@@ -33,6 +33,10 @@ _WORD = re.compile(r"^ [a-z]{2,12}$")
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
+# Recent prompts remembered per namespace (a root session and its subagents).
+_JOINS_PER_NAMESPACE = 4
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PromptConfig:
     """How prompts are built.
@@ -124,6 +128,11 @@ class Materializer:
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
         self._cache_bytes = 0
+        # Recent prompts' joined full blocks, per (namespace, block tokens).
+        self._joins: OrderedDict[tuple[str, int], list[tuple[list[int], bytes]]] = (
+            OrderedDict()
+        )
+        self._join_bytes = 0
         self.hits = 0
         self.misses = 0
 
@@ -187,6 +196,42 @@ class Materializer:
         while self._cache_bytes > self.config.cache_bytes and self._cache:
             _, old = self._cache.popitem(last=False)
             self._cache_bytes -= len(old) + _ENTRY_BYTES
+
+    def _joined(self, namespace: str, hash_ids: list[int], n: int) -> bytes:
+        """The comma-joined fragments of ``hash_ids``' full blocks. A session's next
+        turn re-sends its history: the longest prefix already joined for a recent
+        prompt of the namespace is reused, and only the blocks past it are looked
+        up. Bounded by a quarter of ``cache_bytes`` (least recent out)."""
+        if not hash_ids:
+            return b""
+        key = (namespace, n)
+        best: tuple[list[int], bytes] | None = None
+        with self._lock:
+            for seen in self._joins.get(key, ()):
+                k = len(seen[0])
+                longer = best is None or k > len(best[0])
+                if k <= len(hash_ids) and longer and hash_ids[:k] == seen[0]:
+                    best = seen
+            if best is not None:
+                self.hits += len(best[0])  # reused blocks count as cache hits
+        if best is not None and len(best[0]) == len(hash_ids):
+            joined = best[1]
+        elif best is not None:
+            rest = self._fragments(namespace, hash_ids[len(best[0]) :], n)
+            joined = best[1] + b"," + b",".join(rest)
+        else:
+            joined = b",".join(self._fragments(namespace, hash_ids, n))
+        with self._lock:
+            entries = self._joins.pop(key, [])
+            entries.insert(0, (hash_ids, joined))
+            self._join_bytes += len(joined)
+            while len(entries) > _JOINS_PER_NAMESPACE:
+                self._join_bytes -= len(entries.pop()[1])
+            self._joins[key] = entries
+            while self._join_bytes > self.config.cache_bytes // 4 and self._joins:
+                _, old = self._joins.popitem(last=False)
+                self._join_bytes -= sum(len(e[1]) for e in old)
+        return joined
 
     def _fragment(self, namespace: str, hash_id: int, n: int) -> bytes:
         key = (namespace, hash_id, n)
@@ -287,13 +332,14 @@ class Materializer:
                 session, request_index, ns, ids, bt, keep, dropped, replies or {}
             )
         whole = min(n_full, keep // bt)
-        frags = self._fragments(ns, ids[:whole], bt)
+        head = self._joined(ns, ids[:whole], bt)
+        frags = [head] if head else []
         left = keep - whole * bt
         if left > 0 and whole < n_full:  # cut inside a block: its head
             take = min(bt, left)
             frags.append(self._fragment(ns, ids[whole], take))
             left -= take
-        blocks = len(frags)
+        blocks = whole + len(frags) - (1 if head else 0)
         if left > 0 and hashed_partial:
             partial = min(left, round((request.input_tokens - n_full * bs) * bt / bs))
             if partial > 0:

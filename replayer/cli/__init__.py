@@ -22,6 +22,7 @@ def main() -> None:
 def _register_subcommands() -> None:
     # Each of these modules defines click commands with lazy heavy imports.
     from replayer.cli.analysis import analyze, compare, report
+    from replayer.cli.calibrate import calibrate
     from replayer.cli.capacity import capacity
     from replayer.cli.demo import demo
     from replayer.cli.generate import generate
@@ -35,6 +36,7 @@ def _register_subcommands() -> None:
         run,
         sweep,
         capacity,
+        calibrate,
         demo,
         generate,
         analyze,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from replayer.cli.run import (
     _check_ray,
     _reject_idle_flags,
     _replay_options,
+    apply_profile,
     build_config,
 )
 
@@ -208,6 +210,13 @@ def format_capacity(doc: dict[str, Any]) -> str:
     is_flag=True,
     help="Do not re-run a borderline cell (CI containing a target) for twice as long.",
 )
+@click.option(
+    "--confirm",
+    is_flag=True,
+    help="With --virtual: replay the answer and the level above it live (against "
+    "--endpoint, or the built-in simulator with --virtual sim) and print predicted "
+    "beside measured.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print capacity.json's content.")
 @_replay_options
 def capacity(
@@ -223,6 +232,7 @@ def capacity(
     max_time_s: float | None,
     reset_cache: bool,
     no_widen: bool,
+    confirm: bool,
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -233,16 +243,22 @@ def capacity(
     the default cell error limit is 10% (--max-error-rate).
     """
     from replayer.cli.output import echo_json
-    from replayer.studies.capacity import CapacitySearch, run_capacity
+    from replayer.studies.capacity import (
+        CapacitySearch,
+        confirm_capacity,
+        run_capacity,
+    )
 
     if opts["timestamps"]:
         raise click.UsageError(
             "capacity varies concurrency or --session-rate, not --timestamps"
         )
     rate = opts["session_rate"] is not None
+    live_endpoint = _confirm_endpoint(confirm, opts)
     with errors_as_messages():
         _check_ray(opts)
         _reject_idle_flags(opts)
+        opts = apply_profile(opts)  # as run and sweep do: AgentX cells are AgentX
         config = build_config(
             opts, endpoint=opts["endpoint"], model=opts["model"], concurrency=None
         )
@@ -276,6 +292,22 @@ def capacity(
                 progress=None if opts["quiet"] else sys.stderr,
                 on_cell=said,
             )
+            if confirm:
+                live = replace(
+                    config,
+                    virtual=None,
+                    endpoint=replace(
+                        config.endpoint, base_url=live_endpoint, model=opts["model"]
+                    ),
+                )
+                doc = confirm_capacity(
+                    trace_path,
+                    live,
+                    search,
+                    out,
+                    doc,
+                    progress=None if opts["quiet"] else sys.stderr,
+                )
         except KeyboardInterrupt:
             interrupted(out)
     if doc["reset_cache"] and doc["reset_cache"]["failed"]:
@@ -288,3 +320,56 @@ def capacity(
         echo_json(doc)
     else:
         click.echo(format_capacity(doc))
+        if doc.get("confirm"):
+            click.echo(format_confirm(doc))
+
+
+def _confirm_endpoint(confirm: bool, opts: dict[str, Any]) -> str | None:
+    """--confirm's live server (None: the built-in simulator); the search itself
+    then runs with no --endpoint."""
+    endpoint: str | None = opts["endpoint"]
+    if not confirm:
+        return endpoint
+    if not opts["virtual"]:
+        raise click.UsageError(
+            "--confirm checks a --virtual search live: add --virtual"
+        )
+    if endpoint is None and opts["virtual"] != "sim":
+        raise click.UsageError(
+            "--confirm needs --endpoint (the server the engine model describes); "
+            "only --virtual sim confirms against the built-in simulator"
+        )
+    opts["endpoint"] = None
+    return endpoint
+
+
+def format_confirm(doc: dict[str, Any]) -> str:
+    """The live confirmation: per level, the virtual cell beside the live one."""
+    confirm = doc["confirm"]
+    percentile = doc["search"]["percentile"]
+    where = confirm["endpoint"] or "the built-in simulator"
+    lines = [
+        f"confirmed live against {where} ({confirm['cell_duration_s']:g} s cells):"
+    ]
+    for row in confirm["levels"]:
+        lines.append(f"  level {row['level']:g}:")
+        for side in ("predicted", "measured"):
+            cell = row[side]
+            if cell is None:
+                lines.append(f"    {side:<9}  (no virtual cell at this level)")
+                continue
+            checks = ", ".join(
+                f"{c['metric'].removesuffix('_ms')} p{percentile:g} "
+                f"{_ms(c['value_ms'])}"
+                for c in cell["checks"]
+            )
+            hit = "" if cell["hit"] is None else f", hit {cell['hit']:.1%}"
+            verdict = "pass" if cell["pass"] else "FAIL"
+            lines.append(f"    {side:<9}  {verdict}: {checks}{hit}")
+    lines.append(
+        "  the live cells agree with the prediction"
+        if confirm["agrees"]
+        else "  the live verdict differs from the prediction at a level above: "
+        "recalibrate (replayer calibrate) before trusting the virtual answer"
+    )
+    return "\n".join(lines)

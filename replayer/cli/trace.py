@@ -277,6 +277,22 @@ def _token_list(
     type=Quantity(min=0, max=MAX_RATE),
     help="The server's KV size in GiB (needs --bytes-per-token).",
 )
+@click.option(
+    "--engine",
+    metavar="ENGINE.json|sim",
+    help="Also the engine model's hit at each budget (`replayer calibrate`'s "
+    "ENGINE.json, or sim: the built-in simulator's): the trace replayed at "
+    "--concurrency in virtual time with the KV set to the budget, where running "
+    "requests pin their blocks, admission waits and preemption recomputes. One "
+    "virtual replay per budget: give a few --budgets for a large trace.",
+)
+@click.option(
+    "--sim-args",
+    "sim_args",
+    default="",
+    help="With --engine: options that override the engine model (as `run "
+    "--virtual --sim-args`; --kv-capacity-tokens is the budget's).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def trace_cache_curve_cmd(
     path: Path,
@@ -289,6 +305,8 @@ def trace_cache_curve_cmd(
     bytes_per_token: int | None,
     server_kv_tokens: int | None,
     server_kv_gib: float | None,
+    engine: str | None,
+    sim_args: str,
     as_json: bool,
 ) -> None:
     """Prefix-cache hit rate against KV budget for the trace at PATH, its requests
@@ -325,6 +343,35 @@ def trace_cache_curve_cmd(
             max_inflight=max_inflight,
         )
     d = curve_dict(curve, bytes_per_token)
+    if engine is not None:
+        import shlex
+
+        from replayer.studies.kvcurve import engine_curve
+
+        try:
+            overrides = shlex.split(sim_args)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--sim-args") from None
+
+        with errors_as_messages():
+            points = engine_curve(
+                path,
+                engine,
+                [p["tokens"] for p in d["budgets"]],
+                concurrency=concurrency,
+                think_scale=think_scale,
+                think_cap_s=think_cap,
+                max_inflight=max_inflight,
+                block_tokens=block_tokens,
+                sim_args=overrides,
+            )
+        d["engine"] = {"source": engine, "sim_args": sim_args}
+        for entry, point in zip(d["budgets"], points, strict=True):
+            entry["engine_hit_rate"] = point.hit_rate
+            entry["engine_preemptions"] = point.preemptions
+            entry["engine_refused"] = point.refused
+    elif sim_args:
+        raise click.UsageError("--sim-args override --engine's model: add --engine")
     if as_json:
         echo_json(d)
         return
@@ -383,12 +430,18 @@ def curve_dict(curve: CacheCurve, bytes_per_token: int | None) -> dict[str, Any]
     }
 
 
+def _engine_cell(hit: float | None, refused: int) -> str:
+    text = "-" if hit is None else _pct(hit)
+    return f"{text + ('†' if refused else ' '):>10}"
+
+
 def format_curve(d: dict[str, Any], path: Path) -> str:
     """The human-readable `trace cache-curve` table."""
     with_gib = d["bytes_per_token"] is not None
     ceiling = d["ceiling_hit_rate"]
     cap = d["max_inflight"]
     inflight = d["inflight_tokens"]
+    engine = d.get("engine")
     lines = [
         f"trace        {path}  ({d['requests']:,} requests, concurrency "
         f"{d['concurrency']}"
@@ -400,17 +453,30 @@ def format_curve(d: dict[str, Any], path: Path) -> str:
         "",
         f"{'KV tokens':>14}"
         + (f"{'GiB':>10}" if with_gib else "")
-        + f"{'LRU':>9}{'Belady':>9}{'ceiling':>9}",
+        + f"{'LRU':>9}{'Belady':>9}{'ceiling':>9}"
+        + (f"{'engine':>9} " if engine else ""),
     ]
     for b in d["budgets"]:
         gib = f"{b['gib']:>10.2f}" if with_gib else ""
+        hit = b.get("engine_hit_rate")
         lines.append(
             f"{b['tokens']:>14,}{gib}{_pct(b['lru_hit_rate']):>9}"
             f"{_pct(b['belady_hit_rate']):>9}{_pct(ceiling):>9}"
+            + (_engine_cell(hit, b.get("engine_refused", 0)) if engine else "")
             + ("  *" if b["below_inflight"] else "")
         )
     knee = d["knee"]
     lines.append("")
+    if engine:
+        lines.append(
+            f"engine       {engine['source']}: the engine model's hit, replayed at "
+            "this concurrency in virtual time (running requests pin their blocks)"
+        )
+        if any(b.get("engine_refused") for b in d["budgets"]):
+            lines.append(
+                "†            requests longer than that KV refused (HTTP 400, as the "
+                "server would): the hit is over the rest"
+            )
     if any(b["below_inflight"] for b in d["budgets"]):
         lines.append(
             "* below the in-flight tokens: a server pins the running prompts and "

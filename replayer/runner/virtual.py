@@ -32,7 +32,16 @@ from replayer.sim.cache import block_hashes
 from replayer.sim.config import SimConfig
 from replayer.sim.core import CoreRequest
 from replayer.sim.dice import roll
-from replayer.sim.protocol import ApiError, Kind, parse_request, word_table
+from replayer.sim.prompts import PromptHashes
+from replayer.sim.protocol import (
+    ApiError,
+    GenerateRequest,
+    Kind,
+    check_request,
+    load_body,
+    parse_request,
+    word_table,
+)
 from replayer.sim.virtual import VirtualEngine, VirtualRequest
 
 # --virtual's value for "the built-in simulator's settings (and --sim-args)".
@@ -107,6 +116,7 @@ class VirtualClient:
         self.kind = kind
         self.rng = random.Random(config.seed)
         self.requests = 0
+        self.prompts = PromptHashes(config.block_size)
 
     async def check(self) -> list[str] | None:
         return None if self.config.accept_any_model else [self.config.model]
@@ -124,7 +134,7 @@ class VirtualClient:
         out.slot_wait_ns = out.connect_ns = 0
         cfg = self.config
         try:
-            req = parse_request(body, self.kind, cfg)
+            req, tokens, hashes = self._parse(body)
         except ApiError as exc:
             out.http_status = exc.status
             out.fail("http_error", f"HTTP {exc.status}", exc.message)
@@ -137,12 +147,9 @@ class VirtualClient:
             out.end_ns = loop.now_ns
             return out
         self.requests += 1
-        ids = req.prompt_ids
         done: asyncio.Future[None] = loop.create_future()
         vreq = VirtualRequest(
-            CoreRequest(
-                len(ids), dice.output_tokens, block_hashes(ids, cfg.block_size)
-            ),
+            CoreRequest(tokens, dice.output_tokens, hashes),
             loop.now_ns,
             on_event=_waker(done),
         )
@@ -160,6 +167,20 @@ class VirtualClient:
         self._fill(out, vreq, req.max_tokens, dice.word_offset)
         out.end_ns = vreq.token_times_ns[-1]
         return out
+
+    def _parse(self, body: bytes) -> tuple[GenerateRequest, int, list[int]]:
+        """The request as the simulator parses it, its prompt's length and block
+        hashes; a token-id prompt is hashed only past what a recent one shared."""
+        cfg = self.config
+        if self.kind == "completions":
+            split = self.prompts.split(body)
+            if split is not None:
+                data = load_body(split.rest)
+                req = check_request(data, self.kind, cfg, [], split.tokens)
+                return req, split.tokens, split.hashes
+        req = parse_request(body, self.kind, cfg)
+        ids = req.prompt_ids
+        return req, len(ids), block_hashes(ids, cfg.block_size)
 
     def _fill(
         self, out: Outcome, vreq: VirtualRequest, max_tokens: int, word_offset: int

@@ -4,17 +4,23 @@ HiCache-style host tier. Pure bookkeeping, no time. See docs/engine-model.md."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from itertools import islice, takewhile
+from operator import is_not
+from typing import cast
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """Chained hashes of the full blocks of ``token_ids`` (a partial tail is ignored).
+def block_hashes(
+    token_ids: Sequence[int], block_size: int, parent: int = 0
+) -> list[int]:
+    """Chained hashes of the full blocks of ``token_ids`` (a partial tail is ignored),
+    following the block whose hash is ``parent`` (0: from the prompt's start).
 
     Python's tuple hash of ints is deterministic across processes; chaining the parent
     hash in makes a block's key depend on everything before it, as in vLLM.
     """
     hashes: list[int] = []
-    parent = 0
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hash((parent, tuple(token_ids[start : start + block_size])))
         hashes.append(parent)
@@ -30,6 +36,9 @@ class Block:
     def __init__(self) -> None:
         self.hash: int | None = None
         self.ref = 0
+
+
+_is_block = partial(is_not, None)
 
 
 class BlockPool:
@@ -54,6 +63,9 @@ class BlockPool:
         self.cached: dict[int, Block] = {}
         self.host: OrderedDict[int, None] = OrderedDict()
         self.evictions = 0
+        # Bumped whenever what a lookup can find changes (a prefix cached or evicted,
+        # either tier): a waiting request's lookup is reused until then.
+        self.version = 0
 
     @property
     def num_free(self) -> int:
@@ -69,17 +81,18 @@ class BlockPool:
     ) -> tuple[list[Block], list[int]]:
         """The leading cached run of ``hashes[:limit]``: GPU blocks, then the host-tier
         hashes that continue it."""
-        gpu: list[Block] = []
+        # The scan runs in C: map and takewhile stop at the first miss.
+        get: Callable[[int], Block | None] = self.cached.get
+        gpu = cast(
+            list[Block], list(takewhile(_is_block, map(get, islice(hashes, limit))))
+        )
         host: list[int] = []
-        cached, in_host = self.cached, self.host
-        for h in hashes[:limit]:
-            block = None if host else cached.get(h)
-            if block is not None:
-                gpu.append(block)
-            elif h in in_host:
+        if self.host and len(gpu) < limit:
+            in_host = self.host
+            for h in islice(hashes, len(gpu), limit):
+                if h not in in_host:
+                    break
                 host.append(h)
-            else:
-                break
         return gpu, host
 
     def touch(self, blocks: Sequence[Block]) -> None:
@@ -99,6 +112,7 @@ class BlockPool:
             if block.hash is not None:
                 del cached[block.hash]
                 self.evictions += 1
+                self.version += 1
                 if self.host_capacity:
                     self.host[block.hash] = None
                     if len(self.host) > self.host_capacity:
@@ -113,6 +127,7 @@ class BlockPool:
         for h, block in zip(hashes, blocks, strict=True):
             self.host.pop(h, None)
             self.cache(block, h)
+        self.version += 1
 
     def cache(self, block: Block, h: int) -> None:
         """Make a computed full block hittable (a duplicate of a cached one stays
@@ -121,6 +136,7 @@ class BlockPool:
             self.cached[h] = block
             block.hash = h
             self.host.pop(h, None)
+            self.version += 1
 
     def release(self, blocks: Sequence[Block]) -> None:
         """Drop one reference on each of ``blocks``, freeing them tail first."""
@@ -134,6 +150,7 @@ class BlockPool:
         """Forget every cached prefix no request holds, both tiers (vLLM's
         ``/reset_prefix_cache``, SGLang's ``/flush_cache``); how many were dropped."""
         dropped = len(self.host)
+        self.version += 1
         for block in self.free:
             if block.hash is not None:
                 del self.cached[block.hash]

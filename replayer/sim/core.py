@@ -32,6 +32,9 @@ class CoreRequest:
     blocks: list[Block] = field(default_factory=list)
     cached_blocks: int = 0  # leading blocks already hittable
     admitted: bool = False
+    # The last prefix lookup while waiting, and the pool version it was made at.
+    lookup: tuple[list[Block], list[int]] | None = None
+    lookup_version: int = -1
 
     @property
     def num_tokens(self) -> int:
@@ -201,15 +204,23 @@ class Scheduler:
         bs = self.block_size
         pool = self.pool
         # vLLM recomputes at least the last token, to get its logits.
-        gpu, host = pool.lookup(req.hashes, (req.num_tokens - 1) // bs)
+        # A head that waits for room is looked up again only once the cache changed.
+        if req.lookup is None or req.lookup_version != pool.version:
+            req.lookup = pool.lookup(req.hashes, (req.num_tokens - 1) // bs)
+            req.lookup_version = pool.version
+        gpu, host = req.lookup
         hit_blocks = len(gpu) + len(host)
         computed = hit_blocks * bs
         n = min(req.num_tokens - computed, budget)
         upto = req.prompt_tokens + req.output_tokens if self.reserve else computed + n
         need = -(-upto // bs) - len(gpu)
-        evictable_hits = sum(1 for b in gpu if b.ref == 0)
-        if need > pool.num_free - evictable_hits:
+        free = pool.num_free
+        # Hits nobody holds sit in the free queue: they are not room for the rest.
+        if need > free or (
+            need > free - len(gpu) and need > free - sum(1 for b in gpu if b.ref == 0)
+        ):
             return None
+        req.lookup = None
         pool.touch(gpu)
         fresh = pool.take(need)
         pool.load_from_host(host, fresh[: len(host)])

@@ -16,6 +16,9 @@ from replayer.sim.metrics import EngineStats
 # Modeled steps shorter than this are run back to back and slept as one (only
 # reachable with a high --speed), so event-loop overhead does not become the GPU.
 _COALESCE_S = 0.001
+# A wake-up later than this behind the modeled time restarts the deadline chain at
+# now instead of being made up (the host, not the modeled engine, stalled).
+_CATCH_UP_S = 0.02
 
 
 class EngineStopped(RuntimeError):
@@ -71,6 +74,7 @@ class Engine:
         self.stats.num_gpu_blocks = self.core.pool.num_blocks
         self._wakeup = asyncio.Event()
         self._deadline_s = 0.0
+        self._arrival_s = 0.0  # the latest submit: an idle engine steps from there
         self._stopped = False
 
     def submit(self, prompt_ids: list[int], output_tokens: int) -> Sequence:
@@ -87,6 +91,7 @@ class Engine:
             block_hashes(prompt_ids, self.config.block_size),
         )
         seq = Sequence(core, time.perf_counter())
+        self._arrival_s = seq.arrival_s
         core.handle = seq
         self.core.add(core)
         self._update_gauges()
@@ -108,11 +113,15 @@ class Engine:
     async def run(self) -> None:
         """The engine loop; runs until cancelled, then fails whatever is in flight."""
         core = self.core
+        self._deadline_s = max(self._deadline_s, time.perf_counter())
         try:
             while True:
                 if core.idle:
                     self._wakeup.clear()
                     await self._wakeup.wait()
+                    # As in virtual time: a step starts when the engine is free or,
+                    # if it was idle, when the request came (not when the loop woke).
+                    self._deadline_s = max(self._deadline_s, self._arrival_s)
                     continue
                 step_s = 0.0
                 emitted: dict[Sequence, None] = {}
@@ -140,14 +149,19 @@ class Engine:
                 seq.event.set()
 
     async def _sleep(self, duration_s: float) -> None:
-        # Steps are laid back to back on a deadline, so Python overhead inside a step
-        # does not stretch the modeled time unless it exceeds it.
+        # Steps are laid back to back on a deadline: neither Python overhead inside a
+        # step nor the loop waking late stretches the modeled time (a late loop
+        # catches up with shorter sleeps), as steps follow each other in virtual time.
+        # Only a stall longer than _CATCH_UP_S (the host, not the modeled engine)
+        # restarts the chain at now.
         if duration_s <= 0:
             await asyncio.sleep(0)  # let the handlers write what the last step made
             return
         now = time.perf_counter()
-        self._deadline_s = max(self._deadline_s, now) + duration_s
-        await asyncio.sleep(self._deadline_s - now)
+        if now - self._deadline_s > _CATCH_UP_S:
+            self._deadline_s = now
+        self._deadline_s += duration_s
+        await asyncio.sleep(max(0.0, self._deadline_s - now))
 
     def _deliver(self, seq: Sequence, now: float) -> None:
         if seq.finished:  # aborted while the step ran

@@ -67,28 +67,42 @@ def parse_request(body: bytes, kind: Kind, config: SimConfig) -> GenerateRequest
     Raises:
         ApiError: 400 for malformed or too long requests, 404 for a wrong model.
     """
+    data = load_body(body)
+    _check_model(data, config)  # a wrong model is a 404 whatever the prompt
+    if kind == "chat":
+        prompt_ids = _chat_prompt(data.get("messages"))
+    else:
+        prompt_ids = _completion_prompt(data.get("prompt"))
+    return check_request(data, kind, config, prompt_ids, len(prompt_ids))
+
+
+def load_body(body: bytes) -> dict[str, Any]:
+    """The body's JSON object (400 when it is not one)."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object")
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(
-            404, f"'model' is required; this simulator serves {config.model!r}"
-        )
-    if model != config.model and not config.accept_any_model:
-        raise ApiError(404, f"The model `{model}` does not exist.")
+    return data
+
+
+def check_request(
+    data: dict[str, Any],
+    kind: Kind,
+    config: SimConfig,
+    prompt_ids: list[int],
+    prompt_len: int,
+) -> GenerateRequest:
+    """Validate everything but the prompt's content (``prompt_len`` tokens, whose
+    ids are ``prompt_ids``, or [] when the caller keeps them)."""
+    model = _check_model(data, config)
     if data.get("n", 1) != 1:
         raise ApiError(400, "the simulator supports only n=1")
     if kind == "chat":
-        prompt_ids = _chat_prompt(data.get("messages"))
         max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
     else:
-        prompt_ids = _completion_prompt(data.get("prompt"))
         max_tokens = data.get("max_tokens", _COMPLETIONS_DEFAULT_MAX_TOKENS)
-    prompt_len = len(prompt_ids)
     if max_tokens is None:  # chat default, as vLLM: whatever room the context leaves
         max_tokens = max(1, config.max_model_len - prompt_len)
     _check_int(max_tokens, "max_tokens", 1)
@@ -120,6 +134,17 @@ def parse_request(body: bytes, kind: Kind, config: SimConfig) -> GenerateRequest
         stream=stream,
         include_usage=stream and _bool(options, "include_usage"),
     )
+
+
+def _check_model(data: dict[str, Any], config: SimConfig) -> str:
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(
+            404, f"'model' is required; this simulator serves {config.model!r}"
+        )
+    if model != config.model and not config.accept_any_model:
+        raise ApiError(404, f"The model `{model}` does not exist.")
+    return model
 
 
 def _chat_prompt(messages: Any) -> list[int]:

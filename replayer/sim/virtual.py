@@ -45,7 +45,14 @@ class VirtualEngine:
 
     def submit(self, req: VirtualRequest, at_ns: int) -> None:
         self.now_ns = max(self.now_ns, at_ns)
-        self.core.add(req.core)
+        core = self.core
+        idle = not core.running and not core.waiting
+        core.add(req.core)
+        if idle and self._pending is None and self._free_at_ns <= self.now_ns:
+            # An idle engine starts a step on the first arrival, as on the wall
+            # clock: requests sent "at the same time" reach a real server one by
+            # one, and the later ones join the next step.
+            self._plan(self.now_ns)
 
     def abort(self, req: VirtualRequest, at_ns: int) -> None:
         self.now_ns = max(self.now_ns, at_ns)
@@ -63,17 +70,12 @@ class VirtualEngine:
                 start = max(self._free_at_ns, self.now_ns)
                 if limit_ns is not None and start > limit_ns:
                     return None
-                result = core.step()
-                assert result is not None
-                duration = max(1, round(result.duration_us * 1000))
-                self._pending = result
-                self._pending_end_ns = start + duration
-                self.steps += 1
-                self.busy_ns += duration
+                self._plan(start)
             end = self._pending_end_ns
             if limit_ns is not None and end > limit_ns:
                 return None
             result = self._pending
+            assert result is not None
             self._pending = None
             self._free_at_ns = end
             self.now_ns = max(self.now_ns, end)
@@ -87,4 +89,18 @@ class VirtualEngine:
                     req.on_event(req)
                     visible = True
             if visible:
+                # A busy engine schedules its next step the moment the last one ends,
+                # before any client hears of it: what a client sends in reply joins
+                # the step after (as on the wall clock, where the reply comes later).
+                if core.running or core.waiting:
+                    self._plan(end)
                 return end
+
+    def _plan(self, start: int) -> None:
+        result = self.core.step()
+        assert result is not None
+        duration = max(1, round(result.duration_us * 1000))
+        self._pending = result
+        self._pending_end_ns = start + duration
+        self.steps += 1
+        self.busy_ns += duration

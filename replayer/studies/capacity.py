@@ -50,7 +50,7 @@ from analysis import metrics as m
 from analysis.load import load_run
 from analysis.steady import COLUMNS, slo_verdict
 from replayer.clock import MonotonicClock
-from replayer.config import Lanes, RateArrivals, ReplayConfig
+from replayer.config import Lanes, RateArrivals, ReplayConfig, public_url
 from replayer.errors import ConfigError
 from replayer.launch import replay, running_endpoint
 from replayer.play.client import Client
@@ -235,7 +235,7 @@ def run_capacity(
         write_json_atomic(out / "capacity.json", doc)
         return doc
 
-    with running_endpoint(config) as (resolved, _sim):
+    with running_endpoint(config) as (resolved, sim):
         t0 = time.monotonic()  # the time budget counts cells, not starting the sim
         level = bounds.next_level()
         try:
@@ -255,7 +255,8 @@ def run_capacity(
                         )
                     if stopped:
                         return save("budget")
-                    if cells and search.reset_cache:
+                    # A virtual cell starts on a fresh engine: nothing to reset.
+                    if cells and search.reset_cache and resolved.virtual is None:
                         _reset(resolved, doc)
                     name = _name(level, search.rate) + ("-wide" if widened_from else "")
                     summary = replay(
@@ -263,6 +264,7 @@ def run_capacity(
                         _cell_config(resolved, level, search, cell_s),
                         out / name,
                         progress=progress,
+                        sim=sim,
                     )
                     verdict = _judge(out / name, search, summary.counts.error_rate)
                     limited = summary.client_limited
@@ -308,6 +310,88 @@ def run_capacity(
             save("interrupted")
             raise
     return save(bounds.status)
+
+
+def confirm_capacity(
+    trace_path: Path,
+    config: ReplayConfig,
+    search: CapacitySearch,
+    out: Path,
+    doc: dict[str, Any],
+    *,
+    progress: Any = None,
+    on_cell: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Replay a virtual search's answer and the level above it live, against the
+    server ``config`` names (the built-in simulator when none), and set
+    ``doc["confirm"]``: each level's predicted cell beside the measured one.
+    Writes capacity.json again; returns ``doc``."""
+    result = doc["result"]
+    levels = [lv for lv in (result.get("max_level"), result.get("next_level")) if lv]
+    predicted: dict[float, dict[str, Any]] = {}
+    for cell in doc["cells"]:  # the last (widest) cell of each level
+        predicted[cell["level"]] = cell
+    duration = config.duration_s or DEFAULT_CELL_S
+    rows: list[dict[str, Any]] = []
+    with running_endpoint(config) as (resolved, sim):
+        for level in levels:
+            name = "confirm-" + _name(level, search.rate)
+            summary = replay(
+                trace_path,
+                _cell_config(resolved, level, search, duration),
+                out / name,
+                progress=progress,
+                sim=sim,
+            )
+            verdict = _judge(out / name, search, summary.counts.error_rate)
+            limited = summary.client_limited
+            measured = {
+                "name": name,
+                "pass": verdict["pass"] and not limited,
+                "client_limited": limited,
+                "ok": summary.ok,
+                "checks": verdict["checks"],
+                "hit": _hit(out / name),
+            }
+            guess = predicted.get(level)
+            row = {
+                "level": level,
+                "predicted": None
+                if guess is None
+                else {
+                    "name": guess["name"],
+                    "pass": guess["pass"],
+                    "ok": guess["ok"],
+                    "checks": guess["checks"],
+                    "hit": _hit(out / guess["name"]),
+                },
+                "measured": measured,
+            }
+            rows.append(row)
+            if on_cell is not None:
+                on_cell({**measured, "level": level, "duration_s": duration})
+    doc["confirm"] = {
+        "endpoint": public_url(config.endpoint.base_url),  # None: the built-in sim
+        "cell_duration_s": duration,
+        "levels": rows,
+        "agrees": all(
+            r["predicted"] is not None
+            and r["predicted"]["pass"] == r["measured"]["pass"]
+            for r in rows
+        ),
+    }
+    write_json_atomic(out / "capacity.json", doc)
+    return doc
+
+
+def _hit(run_dir: Path) -> float | None:
+    """The server's prefix-cache hit over a run's successful measured rows."""
+    cols = ("status", "warmup", "prompt_tokens", "cached_tokens")
+    rows = m.numeric_view(load_run(run_dir, columns=cols).requests)
+    ok = rows[rows["measured_ok"]]
+    prompt = float(ok["prompt_tokens"].sum())
+    cached = float(ok["cached_tokens"].fillna(0).clip(lower=0).sum())
+    return None if prompt <= 0 else cached / prompt
 
 
 def _reset(config: ReplayConfig, doc: dict[str, Any]) -> None:

@@ -124,3 +124,28 @@ def test_materialize_bad_tokenizer_is_a_trace_error(tmp_path: Path) -> None:
     bad.write_text("{}")
     with pytest.raises(TraceError, match="tokenizer"):
         Materializer(PromptConfig(api="chat", tokenizer=str(bad)))
+
+
+def test_materialize_reused_history_equals_a_fresh_build(weka_dir: Path) -> None:
+    """A turn built on the joined history of an earlier one (a root and its
+    subagents interleaved, so the recent prompts differ) is byte for byte what a
+    materializer that never saw that history builds."""
+    from traces import read_trace
+
+    trace = read_trace(weka_dir)
+    trees = sorted(trace.sessions, key=lambda s: -len(s.subagents))[:2]
+    turns = [
+        (s, i, root.hash_namespace())
+        for root in trees
+        for s, _ in root.walk()
+        for i in range(min(len(s.requests), 12))
+    ]
+    # Interleave: every session's turn k before any session's turn k + 1.
+    turns.sort(key=lambda t: t[1])
+    config = PromptConfig(salt="x", max_input_tokens=40_000)
+    shared = Materializer(config)
+    for s, i, ns in turns:
+        got = shared.prompt(s, i, ns)
+        want = Materializer(config).prompt(s, i, ns)
+        assert got == want
+    assert shared.hits > shared.misses  # the histories were reused, not rebuilt

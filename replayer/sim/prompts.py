@@ -1,0 +1,118 @@
+"""Block hashes of completion prompts sent as token ids, computed only for what is new
+since a recent prompt with the same start: a session's next turn re-sends its whole
+history, and the virtual engine would otherwise parse and hash it again. See
+docs/engine-model.md."""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from replayer.sim.cache import block_hashes
+from replayer.sim.protocol import ApiError
+
+_OPEN = b'"prompt":['
+_COMMA = ord(",")
+# Prompts whose first bytes agree are compared in full: a tree's sessions share them.
+_KEY_BYTES = 512
+_PER_KEY = 4  # recent prompts kept per key (a root and its subagents interleave)
+
+
+@dataclass(slots=True)
+class _Seen:
+    ids: bytes  # the bytes between "prompt":[ and ]
+    hashes: list[int]  # chained hashes of its full blocks
+    ends: list[int]  # byte offset in ``ids`` of the comma after each full block
+
+
+@dataclass(frozen=True, slots=True)
+class HashedPrompt:
+    """A body whose token-id prompt is cut out: the rest is small JSON to validate."""
+
+    rest: bytes  # the body with the prompt's ids replaced by a single 0
+    tokens: int
+    hashes: list[int]
+
+
+class PromptHashes:
+    """Splits a completions body with a token-id prompt into its small rest and the
+    prompt's length and chained block hashes, reusing the hashes of the longest
+    common prefix with a recent prompt. The hashes equal ``block_hashes`` of the
+    parsed ids. Holds at most ``max_bytes`` of recent prompts (least recent out)."""
+
+    def __init__(self, block_size: int, max_bytes: int = 64 << 20) -> None:
+        self.block_size = block_size
+        self.max_bytes = max_bytes
+        self._seen: OrderedDict[bytes, list[_Seen]] = OrderedDict()
+        self._bytes = 0
+        self.reused_blocks = 0
+        self.hashed_blocks = 0
+
+    def split(self, body: bytes) -> HashedPrompt | None:
+        """None when the prompt is not a flat list of token ids (a string, a nested
+        list, a chat body): the caller parses the whole body then.
+
+        Raises:
+            ApiError: ids that are not integers >= 0, or an empty prompt.
+        """
+        at = body.find(_OPEN)
+        if at < 0:
+            return None
+        start = at + len(_OPEN)
+        end = body.find(b"]", start)
+        if end < 0 or start == end or not body[start : start + 1].isdigit():
+            return None
+        ids = body[start:end]
+        key = ids[:_KEY_BYTES]
+        bs = self.block_size
+        best: _Seen | None = None
+        common = 0
+        arr = np.frombuffer(ids, dtype=np.uint8)
+        for seen in self._seen.get(key, ()):
+            m = min(len(ids), len(seen.ids))
+            diff = np.flatnonzero(arr[:m] != np.frombuffer(seen.ids, np.uint8, m))
+            n = int(diff[0]) if len(diff) else m
+            if n > common:
+                best, common = seen, n
+        # Blocks whose closing comma lies in the common prefix are the same tokens.
+        reuse = 0 if best is None else bisect.bisect_left(best.ends, common)
+        if best is not None and reuse:
+            hashes = best.hashes[:reuse]
+            ends = best.ends[:reuse]
+            tail_at = ends[-1] + 1
+        else:
+            hashes, ends, tail_at = [], [], 0
+        try:
+            tail = orjson.loads(b"[" + ids[tail_at:] + b"]")
+        except orjson.JSONDecodeError:
+            return None
+        if set(map(type, tail)) != {int} or min(tail) < 0:
+            raise ApiError(400, "token ids in 'prompt' must be integers >= 0")
+        parent = hashes[-1] if hashes else 0
+        new = block_hashes(tail, bs, parent)
+        hashes.extend(new)
+        if new:
+            commas = np.flatnonzero(arr[tail_at:] == _COMMA)
+            ends.extend((commas[bs - 1 :: bs][: len(new)] + tail_at).tolist())
+            if len(ends) < len(hashes):  # the last block ends the prompt: no comma
+                ends.append(len(ids))
+        self.reused_blocks += reuse
+        self.hashed_blocks += len(new)
+        self._remember(key, _Seen(ids, hashes, ends))
+        rest = body[:start] + b"0" + body[end:]
+        return HashedPrompt(rest, reuse * bs + len(tail), hashes)
+
+    def _remember(self, key: bytes, seen: _Seen) -> None:
+        entries = self._seen.pop(key, [])
+        entries.insert(0, seen)
+        self._bytes += len(seen.ids)
+        while len(entries) > _PER_KEY:
+            self._bytes -= len(entries.pop().ids)
+        self._seen[key] = entries
+        while self._bytes > self.max_bytes and self._seen:
+            _, old = self._seen.popitem(last=False)
+            self._bytes -= sum(len(e.ids) for e in old)

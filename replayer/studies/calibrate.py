@@ -1,0 +1,972 @@
+"""`replayer calibrate`: the engine model's step terms fitted to live runs, and its
+error bars measured on held-out runs, both through virtual-time replays of the runs'
+own settings. See docs/engine-model.md ("Calibration")."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from replayer.errors import ReplayerError
+from replayer.records.engine_model import (
+    CacheShape,
+    EngineModel,
+    FitReport,
+    ServerInfo,
+    StepTerms,
+    write_engine_model,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from analysis.load import Run
+    from replayer.config import ReplayConfig
+    from traces.model import Trace
+
+FloatArray = npt.NDArray[np.float64]
+
+# The fitted terms, in the order of the design matrix's columns, with their unit in
+# the step-time formula (µs): decode_base_ms and decode_per_seq_ms count x1000.
+TERMS: tuple[str, ...] = (
+    "decode_base_ms",
+    "decode_per_seq_ms",
+    "decode_us_per_context_token",
+    "prefill_us_per_token",
+    "gpu_hit_us_per_token",
+    "request_overhead_us",
+)
+_TO_US = {"decode_base_ms": 1000.0, "decode_per_seq_ms": 1000.0}
+# Labels that name the server a run was against (besides endpoint and model): runs
+# that differ in one of them are not one server.
+_SERVER_LABELS = (
+    "engine",
+    "engine_version",
+    "tp",
+    "ep",
+    "pp",
+    "gpus",
+    "hardware",
+    "precision",
+    "disagg",
+    "kv_offload",
+    "spec_decode",
+    "router",
+)
+# The figures compared between a live run and its virtual replay.
+QUANTILES = (50, 90, 99)
+LATENCIES = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+
+class _BudgetSpent(Exception):
+    """The refinement used its replays (caught where it starts)."""
+
+
+class CalibrationError(ReplayerError):
+    """Runs that cannot be calibrated on (or predicted): missing, empty, of
+    different servers, or without what the fit needs."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShapeFlags:
+    """The cache shape given on the command line (None: read it from the runs)."""
+
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Figures:
+    """One run's headline figures, as compared (latencies ms, rates tok/s, hit a
+    fraction; NaN: unavailable)."""
+
+    ttft_ms: dict[int, float]  # percentile → value
+    tpot_ms: dict[int, float]
+    e2e_ms: dict[int, float]
+    output_tok_s: float
+    hit_rate: float
+    ok: int
+
+    def flat(self) -> dict[str, float]:
+        """``{"ttft_p90_ms": ..., "output_tok_s": ..., "hit_rate": ...}``."""
+        out: dict[str, float] = {}
+        for name in LATENCIES:
+            values = getattr(self, name)
+            for q in QUANTILES:
+                out[f"{name.removesuffix('_ms')}_p{q}_ms"] = values[q]
+        out["output_tok_s"] = self.output_tok_s
+        out["hit_rate"] = self.hit_rate
+        return out
+
+
+# -- loading and checking the runs ------------------------------------------------
+
+
+def load_live_runs(paths: Sequence[Path]) -> list[Run]:
+    """The run directories, checked: each exists and has successful rows, and all
+    come from one server.
+
+    Raises:
+        CalibrationError: one line naming the run and the fault.
+    """
+    from analysis.errors import AnalysisError
+    from analysis.load import load_run
+
+    runs: list[Run] = []
+    for path in paths:
+        if not Path(path).is_dir():
+            raise CalibrationError(f"{path}: no such run directory")
+        try:
+            run = load_run(path)
+        except AnalysisError as exc:
+            raise CalibrationError(str(exc)) from None
+        ok = int((run.requests["status"] == "ok").sum())
+        if ok == 0:
+            raise CalibrationError(f"{path}: no successful request to fit on")
+        if run.meta.virtual is not None:
+            raise CalibrationError(
+                f"{path}: a virtual-time run; calibrate on (and predict) live runs"
+            )
+        runs.append(run)
+    first = runs[0]
+    for run in runs[1:]:
+        a, b = server_key(first), server_key(run)
+        if a != b:
+            what = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            raise CalibrationError(
+                f"{run.path} and {first.path} come from different servers "
+                f"({', '.join(what)} differ); calibrate one server at a time"
+            )
+    return runs
+
+
+def server_key(run: Run) -> dict[str, Any]:
+    """What identifies the server of a run: the built-in simulator's settings, or
+    the endpoint, the model and the server labels."""
+    meta = run.meta
+    key: dict[str, Any] = {"model": meta.model}
+    if meta.simulated:
+        # Its port changes from run to run; its settings are what it is.
+        sim = dict(meta.sim or {})
+        sim.pop("args", None)
+        key["simulator"] = sim
+    else:
+        key["endpoint"] = meta.endpoint
+    for name in _SERVER_LABELS:
+        value = meta.labels.get(name)
+        if value is not None:
+            key[name] = value
+    return key
+
+
+def server_info(run: Run) -> ServerInfo:
+    meta = run.meta
+    labels = {k: str(v) for k, v in meta.labels.items() if v is not None}
+    return ServerInfo(
+        endpoint=None if meta.simulated else meta.endpoint,
+        model=meta.model,
+        engine=labels.get("engine") or ("replayer-sim" if meta.simulated else None),
+        version=labels.get("engine_version"),
+        labels=labels,
+    )
+
+
+def _cache_config(run: Run) -> dict[str, str]:
+    sm = run.server_metrics
+    if sm.empty:
+        return {}
+    rows = sm[sm["metric"] == "vllm:cache_config_info"]
+    if rows.empty:
+        return {}
+    import json
+
+    labels = json.loads(str(rows["labels"].iloc[-1]))
+    return {str(k): str(v) for k, v in labels.items()}
+
+
+def _int(value: Any) -> int | None:
+    try:
+        out = int(float(value))
+    except (TypeError, ValueError):
+        return None
+    return out if out > 0 else None
+
+
+def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, str]:
+    """The server's KV cache and limits: flags first, then its scraped metrics
+    (``vllm:cache_config_info``), then the simulator's settings (runs against the
+    built-in one); the batch limits default to vLLM's. Also says where each came
+    from.
+
+    Raises:
+        CalibrationError: the KV size or block size is nowhere to be found.
+    """
+    metrics = _cache_config(runs[0])
+    sim = runs[0].meta.sim or {}
+    sources: list[str] = []
+
+    def pick(name: str, flag: int | None, *found: tuple[str, Any]) -> int | None:
+        if flag is not None:
+            sources.append(f"{name}: flag")
+            return flag
+        for where, value in found:
+            if _int(value) is not None:
+                sources.append(f"{name}: {where}")
+                return _int(value)
+        return None
+
+    block = pick(
+        "block_size",
+        flags.block_size,
+        ("vllm:cache_config_info", metrics.get("block_size")),
+        ("simulator settings", sim.get("block_size")),
+    )
+    sim_blocks = (
+        int(sim["kv_capacity_tokens"]) // int(sim["block_size"])
+        if _int(sim.get("kv_capacity_tokens")) and _int(sim.get("block_size"))
+        else None
+    )
+    blocks = pick(
+        "num_gpu_blocks",
+        flags.num_gpu_blocks,
+        ("vllm:cache_config_info", metrics.get("num_gpu_blocks")),
+        ("simulator settings", sim_blocks),
+    )
+    if block is None:
+        raise CalibrationError(
+            f"{runs[0].path}: the server's metrics do not say its KV block size: "
+            "pass --block-size"
+        )
+    if blocks is None:
+        raise CalibrationError(
+            f"{runs[0].path}: the server's metrics do not say its KV size: "
+            "pass --num-gpu-blocks"
+        )
+    seqs = pick(
+        "max_num_seqs",
+        flags.max_num_seqs,
+        ("simulator settings", sim.get("max_num_seqs")),
+        ("vLLM's default", 256),
+    )
+    batched = pick(
+        "max_num_batched_tokens",
+        flags.max_num_batched_tokens,
+        ("simulator settings", sim.get("max_num_batched_tokens")),
+        ("vLLM's default", 8192),
+    )
+    longest = max(
+        int(
+            (
+                r.requests["prompt_tokens"].fillna(0)
+                + r.requests["requested_output_tokens"].fillna(0)
+            ).max()
+        )
+        for r in runs
+    )
+    model_len = pick(
+        "max_model_len",
+        flags.max_model_len,
+        ("simulator settings", sim.get("max_model_len")),
+        ("the longest request of the runs", longest),
+    )
+    assert seqs is not None
+    assert batched is not None
+    assert model_len is not None
+    policy = str(sim.get("policy") or "vllm")
+    host = _int(sim.get("host_capacity_tokens")) or 0
+    shape = CacheShape(
+        block_size=block,
+        kv_capacity_tokens=max(blocks * block, model_len + block),
+        host_capacity_tokens=host,
+        max_model_len=model_len,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
+        policy=policy,
+    )
+    return shape, "; ".join(sources)
+
+
+# -- the first estimate: engine steps read off the rows ---------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSamples:
+    """Engine steps recovered from the rows: the design matrix (one row per step,
+    one column per term of :data:`TERMS`, in the formula's µs units) and each
+    step's measured duration (µs)."""
+
+    x: FloatArray
+    y_us: FloatArray
+
+    @property
+    def steps(self) -> int:
+        return int(self.y_us.size)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Events:
+    """Every chunk of every ok row (time, row, tokens before it), and the rows."""
+
+    times: FloatArray  # run-relative ns
+    req: npt.NDArray[np.int64]  # the row's index among the ok rows
+    tok: FloatArray  # output tokens before this chunk's
+    prompt: FloatArray  # per row: prompt tokens (the server's count if it gave one)
+    cached: FloatArray  # per row: cached tokens (0 when not reported)
+    starts: FloatArray  # per row: sent, ns
+    ends: FloatArray  # per row: last byte, ns
+
+
+def _events(df: pd.DataFrame) -> _Events:
+    ok = df[df["status"] == "ok"]
+    starts = ok["start_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
+    ends = ok["end_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
+    chunks = ok["chunk_times_ns"].tolist()
+    prompt = (
+        ok["server_prompt_tokens"]
+        .fillna(ok["prompt_tokens"])
+        .to_numpy(dtype=np.float64, na_value=0.0)
+    )
+    cached = ok["cached_tokens"].to_numpy(dtype=np.float64, na_value=0.0)
+    out_tokens = ok["output_tokens"].to_numpy(dtype=np.float64, na_value=0.0)
+    times: list[float] = []
+    req: list[int] = []
+    tok: list[float] = []
+    for i, (s, c) in enumerate(zip(starts, chunks, strict=True)):
+        if c is None or not math.isfinite(s) or len(c) == 0:
+            continue
+        arr = np.asarray(c, dtype=np.float64)
+        n = arr.size
+        # A chunk may carry several tokens (a server's stream interval): token
+        # counts are then spread evenly over the chunks.
+        per = max(1.0, out_tokens[i] / n) if out_tokens[i] > 0 else 1.0
+        times.extend((s + arr).tolist())
+        req.extend([i] * n)
+        tok.extend((np.arange(n) * per).tolist())
+    return _Events(
+        times=np.asarray(times, dtype=np.float64),
+        req=np.asarray(req, dtype=np.int64),
+        tok=np.asarray(tok, dtype=np.float64),
+        prompt=prompt,
+        cached=cached,
+        starts=starts,
+        ends=ends,
+    )
+
+
+def step_samples(df: pd.DataFrame, budget: int) -> StepSamples:
+    """The engine's steps, recovered from every ok row's chunk arrivals.
+
+    A continuous-batching engine gives each decoding request one token per step, so
+    the chunks of all requests fall into clusters, one per step end. A step's
+    interval (previous cluster → this one) is kept only when a request decoded in
+    both, so it holds exactly one step and no idle time. Its work: the decoding
+    requests (count, and context = prompt + tokens so far) and the requests whose
+    first token it made (prompt tokens computed = prompt - cached; cached hits; one
+    admission), their prompts chunked back over earlier steps within ``budget``
+    tokens per step. Steps where a request resumed after missing steps (a
+    preemption's recompute, of unknown size) are dropped.
+    """
+    ev = _events(df)
+    times, req, tok, prompt, cached = ev.times, ev.req, ev.tok, ev.prompt, ev.cached
+    empty = StepSamples(x=np.zeros((0, len(TERMS))), y_us=np.zeros(0))
+    if times.size < 3:
+        return empty
+    order = np.argsort(times, kind="stable")
+    times, req, tok = times[order], req[order], tok[order]
+    # A step is at least as long as the shortest inter-token gap of one request;
+    # chunks of one step arrive much closer together than that.
+    gaps = []
+    for r in np.unique(req):
+        t = times[req == r]
+        if t.size > 1:
+            gaps.append(np.diff(t))
+    if not gaps:
+        return empty
+    itl = np.concatenate(gaps)
+    itl = itl[itl > 0]
+    if itl.size == 0:
+        return empty
+    tol = max(0.4 * float(np.percentile(itl, 10)), 50_000.0)
+    cluster = np.zeros(times.size, dtype=np.int64)
+    c = 0
+    head = times[0]
+    members: set[int] = {int(req[0])}
+    for i in range(1, times.size):
+        r = int(req[i])
+        if times[i] - head > tol or r in members:
+            c += 1
+            head = times[i]
+            members = set()
+        members.add(r)
+        cluster[i] = c
+    n = c + 1
+    end = np.full(n, np.inf)
+    np.minimum.at(end, cluster, times)
+    x = np.zeros((n, len(TERMS)))
+    valid = np.zeros(n, dtype=bool)
+    bad = np.zeros(n, dtype=bool)
+    last_cluster: dict[int, int] = {}
+    decodes = np.zeros(n)
+    for i in range(times.size):
+        r, k, cl = int(req[i]), tok[i], int(cluster[i])
+        prev = last_cluster.get(r)
+        if k == 0:
+            computed = max(prompt[r] - cached[r], 1.0)
+            # Chunked prefill: the prompt's first chunks ran in the steps before.
+            left = computed
+            j = cl
+            while left > 0 and j >= 0:
+                room = left if j == cl else max(budget - decodes[j], 1.0)
+                part = min(left, room)
+                x[j, 3] += part
+                left -= part
+                if left > 0:
+                    j -= 1
+            x[j, 4] += cached[r]
+            x[j, 5] += 1.0
+        else:
+            x[cl, 1] += 1.0
+            x[cl, 2] += prompt[r] + k
+            decodes[cl] += 1.0
+            if prev is not None and prev == cl - 1:
+                valid[cl] = True
+            elif prev is not None and prev < cl - 1:
+                bad[cl] = True  # resumed after missing steps: a recompute
+        last_cluster[r] = cl
+    x[:, 0] = 1.0
+    keep = valid & ~bad
+    keep[0] = False
+    y = np.diff(end, prepend=np.nan) / 1000.0
+    lone_x, lone_y = _lone_prefills(ev, cluster, end, budget)
+    x = np.vstack([x[keep], lone_x])
+    y = np.concatenate([y[keep], lone_y])
+    for j, name in enumerate(TERMS):
+        x[:, j] *= _TO_US.get(name, 1.0)
+    return StepSamples(x=x, y_us=y)
+
+
+def _lone_prefills(
+    ev: _Events, cluster: npt.NDArray[np.int64], end: FloatArray, budget: int
+) -> tuple[FloatArray, FloatArray]:
+    """Steps of requests that arrived at an idle engine: sent with no other request
+    in flight, their first token alone in its step, their prompt within one step's
+    budget. From send to first token is then one step (and the network's share), a
+    prefill with no decode: at one lane, the only steps that show the prefill terms."""
+    rows_x: list[list[float]] = []
+    rows_y: list[float] = []
+    first = np.flatnonzero(ev.tok == 0)
+    sizes = np.bincount(cluster, minlength=end.size)
+    order = np.argsort(ev.starts)
+    starts, ends = ev.starts[order], ev.ends[order]
+    for i in first:
+        r = int(ev.req[i])
+        cl = int(cluster[i])
+        s = ev.starts[r]
+        computed = max(ev.prompt[r] - ev.cached[r], 1.0)
+        if sizes[cl] != 1 or computed > budget or not math.isfinite(s):
+            continue
+        # Others in flight at its send: started before it and not ended by then.
+        k = int(np.searchsorted(starts, s, side="left"))
+        if np.any(ends[:k] > s):
+            continue
+        rows_x.append([1.0, 0.0, 0.0, computed, ev.cached[r], 1.0])
+        rows_y.append((end[cl] - s) / 1000.0)
+    return (
+        np.asarray(rows_x, dtype=np.float64).reshape(-1, len(TERMS)),
+        np.asarray(rows_y, dtype=np.float64),
+    )
+
+
+def fit_steps(samples: StepSamples) -> tuple[dict[str, float], float]:
+    """Terms (>= 0) that best explain the steps' durations, by scipy's bounded
+    least squares with a soft-L1 loss (a late chunk or a misread cluster is an
+    outlier, not a trend); and the median |relative residual| of the steps."""
+    from scipy.optimize import least_squares  # type: ignore[import-untyped]
+
+    x, y = samples.x, samples.y_us
+    if samples.steps < 2 * len(TERMS):
+        raise CalibrationError(
+            f"only {samples.steps} engine steps could be read off the runs' rows "
+            f"(at least {2 * len(TERMS)} needed): give longer runs or more "
+            "concurrency"
+        )
+    # Columns scaled to unit size, so one tolerance fits all terms.
+    scale = np.maximum(np.abs(x).mean(axis=0), 1e-12)
+    xs = x / scale
+    used = np.abs(x).sum(axis=0) > 0
+    start = np.zeros(len(TERMS))
+    start[0] = float(np.median(y))
+    y_scale = float(np.median(y))
+
+    def residuals(p: FloatArray) -> FloatArray:
+        out: FloatArray = (xs @ p - y) / y_scale
+        return out
+
+    fit = least_squares(
+        residuals,
+        start,
+        bounds=(np.zeros(len(TERMS)), np.full(len(TERMS), np.inf)),
+        loss="soft_l1",
+        f_scale=0.05,
+        x_scale="jac",
+    )
+    p = np.where(used, fit.x, 0.0) / scale
+    pred = x @ p
+    # Relative to the model's step (> 0): a misread tiny interval stays finite.
+    rel = (pred - y) / np.maximum(pred, 1e-9)
+    terms = {name: float(p[j]) for j, name in enumerate(TERMS)}
+    return terms, float(np.median(np.abs(rel)))
+
+
+# -- replaying a live run's settings in virtual time -----------------------------
+
+
+def figures_of(df: pd.DataFrame) -> Figures:
+    """A run's figures, by ``analysis``' own definitions (ok, measured rows)."""
+    from analysis import metrics as m
+
+    def quantiles(values: FloatArray) -> dict[int, float]:
+        return {q: m.percentile(values, q) for q in QUANTILES}
+
+    return Figures(
+        ttft_ms=quantiles(m.ttft_ms(df)),
+        tpot_ms=quantiles(m.tpot_ms(df)),
+        e2e_ms=quantiles(m.e2e_ms(df)),
+        output_tok_s=float(m.throughput_tok_s(df)["output"]),
+        hit_rate=m.server_hit_rate(df),
+        ok=int(m.measured_ok(df).sum()),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replayable:
+    """A live run ready to be replayed in virtual time: its trace, its settings,
+    and its measured figures."""
+
+    path: Path
+    trace: Trace
+    config: ReplayConfig
+    measured: Figures
+    settings: tuple[tuple[str, Any], ...]  # what makes two runs repeats
+
+
+def replayable(run: Run) -> Replayable:
+    """The run's trace (re-read, checked against the hash it had) and replay
+    settings, rebuilt from its run.json.
+
+    Raises:
+        CalibrationError: the trace is gone or changed, or the settings unreadable.
+    """
+    from replayer.config import (
+        EndpointConfig,
+        Lanes,
+        RateArrivals,
+        ReplayConfig,
+        Schedule,
+        TraceTimestamps,
+    )
+    from replayer.errors import ConfigError
+    from replayer.records.rundir import trace_content_hash
+    from traces.errors import TraceError
+    from traces.io import read_trace
+    from traces.materialize import PromptConfig
+
+    meta = run.meta
+    where = run.path
+    if not meta.trace.path:
+        raise CalibrationError(f"{where}: run.json does not name the trace replayed")
+    trace_path = Path(meta.trace.path)
+    if not trace_path.exists():
+        raise CalibrationError(f"{where}: its trace {trace_path} is gone")
+    if meta.trace.content_hash and trace_content_hash(trace_path) != (
+        meta.trace.content_hash
+    ):
+        raise CalibrationError(
+            f"{where}: its trace {trace_path} changed since the run (content hash)"
+        )
+    cfg = meta.config
+    try:
+        trace = read_trace(trace_path)
+        sched = dict(cfg.get("schedule") or {})
+        kind = sched.pop("kind", "concurrency")
+        schedule: Schedule
+        if kind == "session_rate":
+            schedule = RateArrivals(**sched)
+        elif kind == "timestamps":
+            schedule = TraceTimestamps(**sched)
+        else:
+            schedule = Lanes(**sched)
+        ep = cfg.get("endpoint") or {}
+        names = {f.name for f in fields(PromptConfig)}
+        prompt = PromptConfig(
+            **{k: v for k, v in (cfg.get("prompt") or {}).items() if k in names}
+        )
+        ratio = cfg.get("start_ratio")
+        config = ReplayConfig(
+            endpoint=EndpointConfig(
+                model=ep.get("model") or meta.model,
+                api=ep.get("api") or "completions",
+                vllm_extras=bool(ep.get("vllm_extras", True)),
+                include_usage=bool(ep.get("include_usage", True)),
+            ),
+            prompt=prompt,
+            schedule=schedule,
+            think_scale=float(cfg.get("think_scale", 1.0)),
+            think_cap_s=cfg.get("think_cap_s"),
+            warmup_s=float(cfg.get("warmup_s", 0.0)),
+            duration_s=cfg.get("duration_s"),
+            drain=cfg.get("drain", "finish"),
+            loop=bool(cfg.get("loop", False)),
+            seed=int(cfg.get("seed", 0)),
+            scrape_interval_s=0.0,
+            max_inflight=cfg.get("max_inflight"),
+            labels=dict(meta.labels),
+            start_ratio=None if ratio is None else (float(ratio[0]), float(ratio[1])),
+            cache_warmup_s=float(cfg.get("cache_warmup_s", 0.0)),
+            idle_skip_s=cfg.get("idle_skip_s"),
+            on_error=cfg.get("on_error", "skip-session"),
+            session_id_scope=cfg.get("session_id_scope", "tree"),
+            live_assistant=bool(cfg.get("live_assistant", False)),
+        )
+    except TraceError as exc:
+        raise CalibrationError(f"{where}: its trace: {exc}") from None
+    except (ConfigError, ValueError, TypeError) as exc:
+        raise CalibrationError(f"{where}: run.json settings: {exc}") from None
+    settings = asdict(replace(config, prompt=replace(prompt, salt="")))
+    settings.pop("labels", None)
+    return Replayable(
+        path=run.path,
+        trace=trace,
+        config=config,
+        measured=figures_of(run.requests),
+        settings=(
+            *sorted((k, repr(v)) for k, v in settings.items()),
+            ("trace", str(meta.trace.content_hash)),
+        ),
+    )
+
+
+def predict(item: Replayable, model: EngineModel, workdir: Path) -> Figures:
+    """``item`` replayed in virtual time on ``model``: its figures."""
+    from analysis.load import load_run
+    from replayer.launch import replay
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    engine = workdir / "ENGINE.json"
+    write_engine_model(engine, model)
+    out = Path(tempfile.mkdtemp(prefix="virtual-", dir=workdir))
+    out.rmdir()
+    replay(item.trace, replace(item.config, virtual=str(engine)), out)
+    return figures_of(load_run(out).requests)
+
+
+# -- the fit: steps first, then the runs' own figures -----------------------------
+
+# Figures the refinement matches (log of predicted / measured, each run): the
+# middle and the tail of every latency, not the P99 of a short run (one request).
+_FIT_FIGURES = tuple(
+    f"{n.removesuffix('_ms')}_p{q}_ms" for n in LATENCIES for q in (50, 90)
+)
+_PRIOR = (
+    0.1  # a term's refinement is held to ~10% of the step fit unless the runs insist
+)
+_FIG_SCALE = 0.1  # a 10% miss on a figure weighs as much as a 10% move of a term
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    """``replayer calibrate``'s answer: the model and how it was found."""
+
+    model: EngineModel
+    step_terms: dict[str, float]  # the first estimate (from the steps)
+    steps: int  # engine steps read off the rows
+    step_residual: float  # median |relative residual| of those steps
+    evaluations: int  # virtual replays the refinement ran (per training run)
+    fitted: dict[str, Figures]  # run → its figures replayed on the final model
+    shape_sources: str  # where each cache-shape value came from
+    notes: tuple[str, ...] = ()  # terms the runs could not separate
+
+
+def _model(
+    terms: dict[str, float], shape: CacheShape, server: ServerInfo
+) -> EngineModel:
+    return EngineModel(steps=StepTerms(**terms), cache=shape, server=server)
+
+
+def _log_misses(pred: Figures, meas: Figures) -> list[float]:
+    a, b = pred.flat(), meas.flat()
+    out = []
+    for name in _FIT_FIGURES:
+        if b[name] > 0 and a[name] > 0 and math.isfinite(a[name] + b[name]):
+            out.append(math.log(a[name] / b[name]) / _FIG_SCALE)
+        else:
+            out.append(0.0)
+    return out
+
+
+def calibrate(
+    paths: Sequence[Path],
+    flags: ShapeFlags,
+    *,
+    refine_evals: int = 0,
+    workdir: Path,
+    progress: Callable[[str], None] | None = None,
+) -> Calibration:
+    """Fit the engine model to the live runs at ``paths``.
+
+    1. The steps: every ok row's chunk arrivals give the engine's steps and their
+       work (:func:`step_samples`); bounded soft-L1 least squares gives the terms.
+    2. The runs: each run is replayed in virtual time with its own settings on the
+       candidate terms, and scipy's least squares moves the terms (in log steps,
+       held to the step fit by a 10% prior) to match the runs' P50 and P90 TTFT,
+       TPOT and E2E, within ``refine_evals`` replays of each run (0: skip).
+
+    Raises:
+        CalibrationError: runs that cannot be used; too few steps to fit.
+    """
+    from scipy.optimize import least_squares
+
+    say = progress or (lambda _m: None)
+    runs = load_live_runs(paths)
+    shape, sources = cache_shape_of(runs, flags)
+    server = server_info(runs[0])
+    samples = [step_samples(r.requests, shape.max_num_batched_tokens) for r in runs]
+    both = StepSamples(
+        x=np.vstack([s.x for s in samples]),
+        y_us=np.concatenate([s.y_us for s in samples]),
+    )
+    first, step_residual = fit_steps(both)
+    notes = _unseen(both)
+    say(
+        f"steps: {both.steps:,} read off {len(runs)} run(s); median step residual "
+        f"{step_residual:.1%}"
+    )
+    for note in notes:
+        say(f"note: {note}")
+    items = [replayable(r) for r in runs]
+    free = [name for name in TERMS if first[name] > 0]
+    evaluations = 0
+    cache: dict[tuple[float, ...], list[Figures]] = {}
+
+    def terms_at(theta: FloatArray) -> dict[str, float]:
+        out = dict(first)
+        for j, name in enumerate(free):
+            out[name] = first[name] * math.exp(float(theta[j]))
+        return out
+
+    def replay_all(terms: dict[str, float]) -> list[Figures]:
+        nonlocal evaluations
+        key = tuple(round(terms[n], 12) for n in TERMS)
+        if key not in cache:
+            evaluations += 1
+            model = _model(terms, shape, server)
+            cache[key] = [
+                predict(it, model, workdir / f"fit-{evaluations}") for it in items
+            ]
+        return cache[key]
+
+    best: list[tuple[float, FloatArray]] = []  # the least cost seen, and where
+
+    def residuals(theta: FloatArray) -> FloatArray:
+        if evaluations >= refine_evals:
+            raise _BudgetSpent
+        figs = replay_all(terms_at(theta))
+        out: list[float] = []
+        for pred, it in zip(figs, items, strict=True):
+            out.extend(_log_misses(pred, it.measured))
+        out.extend((theta / _PRIOR).tolist())
+        res = np.asarray(out, dtype=np.float64)
+        cost = float(np.sum(res**2))
+        if not best or cost < best[0][0]:
+            best[:] = [(cost, np.array(theta, dtype=np.float64))]
+        return res
+
+    terms = dict(first)
+    if refine_evals > 1 and free:
+        theta0 = np.zeros(len(free))
+        start_cost = float(np.sum(residuals(theta0) ** 2))
+        # The budget counts every replay, the Jacobian's included (scipy's
+        # max_nfev does not): when it is spent, the best point seen is kept.
+        with contextlib.suppress(_BudgetSpent):
+            least_squares(residuals, theta0, method="trf", diff_step=0.05)
+        cost, theta = best[0]
+        terms = terms_at(theta)
+        say(
+            f"refined on {len(items)} run(s) in {evaluations} virtual replays each: "
+            f"cost {start_cost:.2f} -> {cost:.2f}"
+        )
+    final = replay_all(terms)
+    residual = {
+        name: float(
+            np.sqrt(
+                np.mean(
+                    [
+                        (p.flat()[name] / it.measured.flat()[name] - 1) ** 2
+                        for p, it in zip(final, items, strict=True)
+                    ]
+                )
+            )
+        )
+        for name in _FIT_FIGURES
+    }
+    residual["steps_median"] = step_residual
+    model = EngineModel(
+        steps=StepTerms(**terms),
+        cache=shape,
+        server=server,
+        fit=FitReport(
+            method=(
+                "scipy.optimize.least_squares: soft-L1 on engine steps read off the "
+                "rows' chunk arrivals, then on the runs' P50/P90 TTFT, TPOT and E2E "
+                "replayed in virtual time (log terms, 10% prior)"
+            ),
+            runs=tuple(str(p) for p in paths),
+            rows=sum(it.measured.ok for it in items),
+            residuals=residual,
+        ),
+    )
+    return Calibration(
+        model=model,
+        step_terms=first,
+        steps=both.steps,
+        step_residual=step_residual,
+        evaluations=evaluations,
+        fitted={str(it.path): f for it, f in zip(items, final, strict=True)},
+        shape_sources=sources,
+        notes=tuple(notes),
+    )
+
+
+def _unseen(samples: StepSamples) -> list[str]:
+    """What the steps cannot tell apart: terms whose work never occurs (fitted as
+    0), and a decode batch that never changes size (its cost is in the base)."""
+    x = samples.x
+    notes = []
+    what = {
+        "prefill_us_per_token": "no prompt token computed",
+        "gpu_hit_us_per_token": "no cached prompt token reported",
+        "request_overhead_us": "no admission",
+        "decode_us_per_context_token": "no decoding sequence",
+    }
+    for j, name in enumerate(TERMS):
+        if name in what and not np.any(x[:, j] > 0):
+            notes.append(f"{what[name]} in the steps read: {name} is 0")
+    batch = np.unique(x[:, 1][x[:, 1] > 0])
+    if batch.size < 2:
+        notes.append(
+            "every decode step ran the same number of sequences: decode_per_seq_ms "
+            "cannot be told from decode_base_ms (calibrate on two concurrency levels)"
+        )
+    return notes
+
+
+# -- error bars: held-out live runs predicted ------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FigureError:
+    """One figure of one held-out setting: predicted against measured."""
+
+    name: str  # e.g. "ttft_p90_ms", "output_tok_s", "hit_rate"
+    predicted: float
+    measured: float  # the mean over the setting's repeats
+    error: float  # relative (predicted / measured - 1); hit rate: points
+    # The server's own run-to-run spread over the repeats: (max - min) / mean
+    # (hit rate: max - min, points); None with one run.
+    spread: float | None = None
+    unit: str = "relative"  # or "points"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HoldoutSetting:
+    """Held-out runs with one set of replay settings (repeats), and the figures."""
+
+    runs: tuple[str, ...]
+    label: str  # e.g. "concurrency 8"
+    figures: tuple[FigureError, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "runs": list(self.runs),
+            "label": self.label,
+            "figures": {
+                f.name: {k: v for k, v in asdict(f).items() if k != "name"}
+                for f in self.figures
+            },
+        }
+
+
+def _label(item: Replayable) -> str:
+    from replayer.config import Lanes, RateArrivals
+
+    s = item.config.schedule
+    if isinstance(s, Lanes):
+        return f"concurrency {s.concurrency}"
+    if isinstance(s, RateArrivals):
+        return f"session rate {s.session_rate:g}/s"
+    return f"timestamps x{s.speedup:g}"
+
+
+def holdout(
+    model: EngineModel, paths: Sequence[Path], *, workdir: Path
+) -> list[HoldoutSetting]:
+    """Each held-out live run replayed in virtual time on ``model`` with its own
+    settings; repeats (runs of equal settings) are grouped, their measured figures
+    averaged and their spread given.
+
+    Raises:
+        CalibrationError: runs that cannot be used.
+    """
+    runs = load_live_runs(paths)
+    groups: dict[tuple[tuple[str, Any], ...], list[Replayable]] = {}
+    for run in runs:
+        item = replayable(run)
+        groups.setdefault(item.settings, []).append(item)
+    out: list[HoldoutSetting] = []
+    for k, items in enumerate(groups.values()):
+        pred = predict(items[0], model, workdir / f"holdout-{k}").flat()
+        measured = [it.measured.flat() for it in items]
+        figures = []
+        for name in pred:
+            values = np.asarray([m[name] for m in measured], dtype=np.float64)
+            mean = float(np.mean(values))
+            points = name == "hit_rate"
+            if points:
+                error = (pred[name] - mean) * 100
+                spread = float(np.ptp(values)) * 100 if values.size > 1 else None
+            else:
+                error = pred[name] / mean - 1 if mean > 0 else math.nan
+                spread = (
+                    float(np.ptp(values)) / mean
+                    if values.size > 1 and mean > 0
+                    else None
+                )
+            figures.append(
+                FigureError(
+                    name=name,
+                    predicted=pred[name],
+                    measured=mean,
+                    error=error,
+                    spread=spread,
+                    unit="points" if points else "relative",
+                )
+            )
+        out.append(
+            HoldoutSetting(
+                runs=tuple(str(it.path) for it in items),
+                label=_label(items[0]),
+                figures=tuple(figures),
+            )
+        )
+    return out
