@@ -147,6 +147,7 @@ _POOLS: dict[str, list[str]] = {
     "--ray": ["127.0.0.1:1", "x"],  # only ever with --virtual: refused before Ray
     "--max-time": ["1", "0", "nan", "1e8"],
     "--max-input-tokens": ["1", "100", "0", "x"],
+    "--engine": ["sim", "x", "missing.json"],  # one virtual replay per budget
     "--sim-args": [
         "",
         "--speed 100",
@@ -397,6 +398,7 @@ _WORK_BUDGET = {
     "report": 10,
     "demo": 3,
     "sim": 40,
+    "trace cache-curve": 40,
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from replayer.cli.params import (
     SECONDS,
     TOKENS,
     Quantity,
+    ShellArgs,
     count,
     int_list,
 )
@@ -289,6 +291,7 @@ def _token_list(
 @click.option(
     "--sim-args",
     "sim_args",
+    type=ShellArgs(),
     default="",
     help="With --engine: options that override the engine model (as `run "
     "--virtual --sim-args`; --kv-capacity-tokens is the budget's).",
@@ -306,7 +309,7 @@ def trace_cache_curve_cmd(
     server_kv_tokens: int | None,
     server_kv_gib: float | None,
     engine: str | None,
-    sim_args: str,
+    sim_args: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Prefix-cache hit rate against KV budget for the trace at PATH, its requests
@@ -344,15 +347,9 @@ def trace_cache_curve_cmd(
         )
     d = curve_dict(curve, bytes_per_token)
     if engine is not None:
-        import shlex
-
         from replayer.studies.kvcurve import engine_curve
 
-        try:
-            overrides = shlex.split(sim_args)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--sim-args") from None
-
+        overrides = list(sim_args)
         with errors_as_messages():
             points = engine_curve(
                 path,
@@ -365,7 +362,7 @@ def trace_cache_curve_cmd(
                 block_tokens=block_tokens,
                 sim_args=overrides,
             )
-        d["engine"] = {"source": engine, "sim_args": sim_args}
+        d["engine"] = {"source": engine, "sim_args": shlex.join(sim_args)}
         for entry, point in zip(d["budgets"], points, strict=True):
             entry["engine_hit_rate"] = point.hit_rate
             entry["engine_preemptions"] = point.preemptions
