@@ -35,7 +35,7 @@ from replayer.records.rundir import (
     trace_content_hash,
     write_run_json,
 )
-from replayer.runner.local import replay_trace, run_async
+from replayer.runner.local import check_prompt_memory, replay_trace, run_async
 from traces.model import Trace
 from traces.table import request_column
 
@@ -74,6 +74,8 @@ def replay(
     loaded: Trace | None = trace if isinstance(trace, Trace) else None
     if trace_path is not None and config.workers == 1 and not config.ray_address:
         loaded = read_trace(trace_path)
+    if loaded is not None:
+        check_prompt_memory(loaded, config)
     meta = RunMeta(
         run_id=run_id,
         tool_version=__version__,

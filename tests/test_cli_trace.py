@@ -133,3 +133,13 @@ def test_cli_trace_real_subprocess(tmp_path: Path) -> None:
     stats = _run("trace", "stats", folder)
     assert stats.returncode == 2
     assert len(stats.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("source", ["bailian", "burstgpt"])
+def test_cli_trace_import_of_an_impossible_file_name(
+    tmp_path: Path, source: str
+) -> None:
+    # Found by the CLI fuzz test: a NUL in the name was a ValueError traceback.
+    res = _invoke("trace", "import", source, "a\x00b", "-o", tmp_path / "t.jsonl")
+    assert res.exit_code == 2
+    assert "not a file name" in res.output

@@ -26,7 +26,7 @@ import numpy as np
 import orjson
 
 from traces.errors import Problem, TraceFormatError
-from traces.model import HashIds, Request, Session, Trace
+from traces.model import MAX_TOKENS, HashIds, Request, Session, Trace
 from traces.source import read_file_bytes
 
 BAILIAN_BLOCK_SIZE = 16
@@ -103,8 +103,12 @@ def _parse(path: Path, line: int, obj: Any, problems: list[Problem]) -> _Row | N
     lengths: dict[str, int] = {}
     for key in ("input_length", "output_length"):
         v = _int(obj.get(key))
-        if v is None or v < 0:
-            bad(key, f"expected a non-negative integer, got {obj.get(key)!r:.40}")
+        if v is None or not 0 <= v <= MAX_TOKENS:
+            bad(
+                key,
+                f"expected an integer in [0, {MAX_TOKENS:,}], got {obj.get(key)!r:.40}",
+            )
+            v = 0
         lengths[key] = v or 0
     turn = obj.get("turn")
     if turn is not None and (_int(turn) is None or turn < 0):

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from traces.distributions import Empirical, ks_distance
+from traces.errors import TraceError
 from traces.generate import GeneratorConfig
 from traces.model import Session, Trace
 
@@ -72,6 +73,8 @@ def fit_config(trace: Trace, *, name: str = "calibrated") -> GeneratorConfig:
     subs = [(root, sub) for root in roots for sub in root.subagents]
     threads = [s for s, _ in trace.all_sessions()]
     requests = [r for s in threads for r in s.requests]
+    if not requests:
+        raise TraceError("the trace holds no requests: nothing to fit")
     with_sub = [r for r in roots if r.subagents]
     groups = [Counter(sub.anchor_index for sub in r.subagents) for r in with_sub]
     background = [
@@ -123,12 +126,18 @@ def fit_config(trace: Trace, *, name: str = "calibrated") -> GeneratorConfig:
         subagent_tool_tokens=sub_prefix[1],
         global_prefix=any(r.hash_id_scope == "global" for r in roots),
         first_message_tokens=_fit(
-            (max(0, r.requests[0].input_tokens - sum(prefix)) for r in roots), 0
+            (
+                max(0, r.requests[0].input_tokens - sum(prefix))
+                for r in roots
+                if r.requests
+            ),
+            0,
         ),
         subagent_first_message_tokens=_fit(
             (
                 max(0, s.session.requests[0].input_tokens - sum(sub_prefix))
                 for _, s in subs
+                if s.session.requests
             ),
             0,
         ),

@@ -177,6 +177,9 @@ def check_trace(path: Path) -> tuple[Trace | None, list[Problem]]:
         for f in files:
             try:
                 got, fmt = _parse_file(f, problems)
+            except TraceFormatError as exc:  # a trace store's rows
+                problems.extend(exc.problems)
+                continue
             except TraceError as exc:  # unreadable, bad gzip, not a trace store
                 problems.append(Problem(path=f, reason=str(exc).removeprefix(f"{f}: ")))
                 continue

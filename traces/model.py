@@ -18,6 +18,9 @@ import numpy as np
 import numpy.typing as npt
 
 HashIds = npt.NDArray[np.int64]
+# The most tokens one request may claim (~1.1e12): a million times the longest
+# context served today, and sums over millions of requests stay within int64.
+MAX_TOKENS = 1 << 40
 Scope = Literal["local", "global"]
 _EMPTY_IDS: HashIds = np.zeros(0, dtype=np.int64)
 _EMPTY_IDS.setflags(write=False)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from traces.errors import Problem
-from traces.model import Request, Session
+from traces.model import MAX_TOKENS, Request, Session
 from traces.table import RequestTable
 
 MOONCAKE_BLOCK_SIZE = 512
@@ -45,9 +45,14 @@ def parse_mooncake_line(
     vals: dict[str, int] = {}
     for key in ("input_length", "output_length"):
         v = obj.get(key)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_TOKENS:
             problems.append(
-                _problem(path, line, key, f"expected a non-negative integer, got {v!r}")
+                _problem(
+                    path,
+                    line,
+                    key,
+                    f"expected an integer in [0, {MAX_TOKENS:,}], got {v!r:.40}",
+                )
             )
             v = 0
         vals[key] = v

@@ -16,6 +16,8 @@ def read_file_bytes(path: Path) -> bytes:
         data = path.read_bytes()
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a name no file can have ("embedded null byte")
+        raise TraceError(f"{str(path)!r}: not a file name: {exc}") from exc
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)

@@ -21,8 +21,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.errors import TraceError
-from traces.model import HashIds, Session, Subagent, Trace
+from traces.errors import Problem, TraceError, TraceFormatError
+from traces.model import MAX_TOKENS, HashIds, Session, Subagent, Trace
 from traces.table import (
     ChainBuilder,
     IntArray,
@@ -361,11 +361,20 @@ def read_store(path: Path) -> Trace:
     raw = (schema.metadata or {}).get(_META_KEY)
     if raw is None:
         raise TraceError(f"{path}: a Parquet file, but not a trace store (no metadata)")
-    meta = orjson.loads(raw)
+    try:
+        meta = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise TraceError(f"{path}: trace store metadata is not JSON: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise TraceError(f"{path}: trace store metadata is not a JSON object")
     fmt = meta.get("format")
     if fmt not in (STORE_FORMAT, _FORMAT_1):
         raise TraceError(f"{path}: unsupported trace store format {fmt!r}")
-    metas: list[dict[str, Any]] = meta["sessions"]
+    metas = meta.get("sessions")
+    if not isinstance(metas, list) or not all(
+        isinstance(m, dict) and _is_count(m.get("n")) for m in metas
+    ):
+        raise TraceError(f"{path}: trace store metadata is corrupt: bad 'sessions'")
     try:
         table = pq.read_table(path, read_dictionary=list(_LABEL_COLUMNS))
         if fmt == STORE_FORMAT:
@@ -378,7 +387,7 @@ def read_store(path: Path) -> Trace:
             blocks, ids_offset = _v1_blocks(table, metas)
     except (OSError, pa.ArrowException, KeyError) as exc:
         raise TraceError(f"{path}: not a readable Parquet trace store: {exc}") from exc
-    if sum(int(m["n"]) for m in metas) != table.num_rows:
+    if sum(m["n"] for m in metas) != table.num_rows:
         raise TraceError(f"{path}: trace store is corrupt: session sizes != rows")
     col = table.column
     try:
@@ -401,10 +410,89 @@ def read_store(path: Path) -> Trace:
         )
     except ValueError as exc:
         raise TraceError(f"{path}: trace store is corrupt: {exc}") from exc
+    problems = check_rows(path, metas, rows)
+    if problems:
+        raise TraceFormatError(problems)
+    try:
+        sessions = _rebuild(metas, rows)
+    except (KeyError, TypeError, ValueError, RecursionError) as exc:
+        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise TraceError(f"{path}: trace store metadata is corrupt: {what}") from exc
     return Trace(
-        sessions=_rebuild(metas, rows),
-        source_format=meta.get("source_format", "parquet"),
+        sessions=sessions, source_format=str(meta.get("source_format", "parquet"))
     )
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def check_rows(
+    path: Path, metas: Sequence[dict[str, Any]], rows: RequestTable
+) -> list[Problem]:
+    """The checks a JSON trace's reader makes on each request and session, made on
+    a store's columns: counts in [0, MAX_TOKENS], times finite and >= 0, hash ids
+    that fit the input at the session's block size. Each problem names the row's
+    session and request index (within its session) and the field."""
+    starts = np.zeros(len(metas) + 1, dtype=np.int64)
+    np.cumsum([int(m["n"]) for m in metas], out=starts[1:])
+    problems: list[Problem] = []
+
+    def at(row: int, fld: str, reason: str) -> None:
+        k = int(np.searchsorted(starts, row, side="right")) - 1
+        problems.append(
+            Problem(
+                path=path,
+                session_id=str(metas[k].get("id")),
+                request_index=str(row - int(starts[k])),
+                field=fld,
+                reason=reason,
+            )
+        )
+
+    block = np.ones(rows.n_blocks.size, dtype=np.int64)
+    for k, m in enumerate(metas):
+        size = m.get("block_size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            problems.append(
+                Problem(
+                    path=path,
+                    session_id=str(m.get("id")),
+                    field="block_size",
+                    reason=f"expected a positive integer, got {size!r:.40}",
+                )
+            )
+        else:
+            block[starts[k] : starts[k + 1]] = size
+    for name, fld in (("input_tokens", "in"), ("output_tokens", "out")):
+        col = getattr(rows, name)
+        for i in np.flatnonzero((col < 0) | (col > MAX_TOKENS)).tolist():
+            at(i, fld, f"expected an integer in [0, {MAX_TOKENS:,}], got {col[i]}")
+    for name, fld, optional in (
+        ("t_s", "t", False),
+        ("think_time_s", "think_time", False),
+        ("api_time_s", "api_time", True),
+        ("ttft_s", "ttft", True),
+    ):
+        col = getattr(rows, name)
+        ok = np.isfinite(col) & (col >= 0)
+        if optional:
+            ok |= np.isnan(col)
+        for i in np.flatnonzero(~ok).tolist():
+            at(i, fld, f"expected a finite number >= 0, got {col[i]}")
+    inputs = np.clip(rows.input_tokens, 0, MAX_TOKENS)
+    full, ceil = inputs // block, -(-inputs // block)
+    n = rows.n_blocks
+    # As the JSON reader: a row whose `in` is wrong has nothing to fit its ids to.
+    fits = (n == full) | (n == ceil) | (inputs != rows.input_tokens)
+    for i in np.flatnonzero(~fits).tolist():
+        at(
+            i,
+            "hash_ids",
+            f"{n[i]} blocks do not fit in={inputs[i]} with block_size={block[i]} "
+            f"(expected {full[i]})",
+        )
+    return problems
 
 
 def _rebuild(

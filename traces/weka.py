@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from traces.errors import Problem
-from traces.model import Request, Session, Subagent
+from traces.model import MAX_TOKENS, Request, Session, Subagent
 from traces.table import RequestRows, table_of
 
 _SESSION_KEYS = frozenset(
@@ -111,6 +111,9 @@ def _count(ctx: _Ctx, obj: Mapping[str, Any], key: str, index: str | None) -> in
         return 0
     if v < 0:
         ctx.add(index, key, f"must be >= 0 (got {v})")
+        return 0
+    if v > MAX_TOKENS:
+        ctx.add(index, key, f"must be <= {MAX_TOKENS:,} (got {v})")
         return 0
     return int(v)
 
@@ -290,8 +293,10 @@ def _opt_int(
     v = obj.get(key)
     if v is None:
         return None
-    if not _is_int(v) or v < 0:
-        ctx.add(index, key, f"expected a non-negative integer, got {v!r:.40}")
+    if not _is_int(v) or not 0 <= v <= MAX_TOKENS:
+        ctx.add(
+            index, key, f"expected an integer in [0, {MAX_TOKENS:,}], got {v!r:.40}"
+        )
         return None
     return int(v)
 

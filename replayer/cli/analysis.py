@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from replayer.cli.errors import CommandError, errors_as_messages
-from replayer.cli.params import parse_slo_option
+from replayer.cli.params import BLOCK_TOKENS, SEED, TOKENS, count, parse_slo_option
 
 if TYPE_CHECKING:
     from analysis.load import Run
@@ -69,7 +69,7 @@ def _load(paths: tuple[Path, ...]) -> tuple[list[Run], list[tuple[Path, list[Run
 _ANALYSIS_OPTIONS = (
     click.option(
         "--gpus",
-        type=click.IntRange(min=1),
+        type=count(1),
         help="GPUs behind the endpoint, for per-GPU throughput [run.json labels.gpus].",
     ),
     click.option(
@@ -79,12 +79,12 @@ _ANALYSIS_OPTIONS = (
     ),
     click.option(
         "--kv-capacity-tokens",
-        type=click.IntRange(min=0),
+        type=TOKENS,
         help="GPU KV-cache size for the LRU hit-rate estimate (needs the trace).",
     ),
     click.option(
         "--host-capacity-tokens",
-        type=click.IntRange(min=0),
+        type=TOKENS,
         help="Host-tier KV size for the LRU estimate (with --kv-capacity-tokens).",
     ),
     click.option(
@@ -94,7 +94,7 @@ _ANALYSIS_OPTIONS = (
     ),
     click.option(
         "--server-block-tokens",
-        type=click.IntRange(min=1),
+        type=BLOCK_TOKENS,
         help="The server's KV block size, for the ideal-hit check "
         "[its vllm:cache_config_info, else the replay's block size].",
     ),
@@ -168,10 +168,8 @@ def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
 @click.argument("run_a", type=_RUN_DIR)
 @click.argument("run_b", type=_RUN_DIR)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option(
-    "--resamples", type=click.IntRange(min=100), default=1000, show_default=True
-)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--resamples", type=count(100, 100_000), default=1000, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option(
     "--mixed-profiles",
     is_flag=True,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from replayer.cli.errors import errors_as_messages
+from replayer.cli.params import BLOCK_TOKENS, count
 
 if TYPE_CHECKING:
     from replayer.studies.calibrate import Calibration, HoldoutSetting
@@ -125,32 +126,32 @@ def format_calibration(cal: Calibration, out: Path) -> str:
 )
 @click.option(
     "--block-size",
-    type=click.IntRange(min=1),
+    type=BLOCK_TOKENS,
     help="KV block size in tokens (default: the server's vllm:cache_config_info).",
 )
 @click.option(
     "--num-gpu-blocks",
-    type=click.IntRange(min=1),
+    type=count(1),
     help="KV blocks on the GPU (default: the server's vllm:cache_config_info).",
 )
 @click.option(
     "--max-num-seqs",
-    type=click.IntRange(min=1),
+    type=count(1),
     help="The server's running-sequence cap (default: vLLM's, 256).",
 )
 @click.option(
     "--max-num-batched-tokens",
-    type=click.IntRange(min=1),
+    type=count(1),
     help="The server's token budget per step (default: vLLM's, 8192).",
 )
 @click.option(
     "--max-model-len",
-    type=click.IntRange(min=1),
+    type=count(1),
     help="The server's longest request (default: the longest in the runs).",
 )
 @click.option(
     "--refine-evals",
-    type=click.IntRange(min=0),
+    type=count(0),
     default=0,
     show_default=True,
     help="After the step fit, refine the terms against the runs' own P50/P90 "

@@ -12,7 +12,15 @@ from typing import Any
 import click
 
 from replayer.cli.errors import errors_as_messages, interrupted
-from replayer.cli.params import parse_slo_option
+from replayer.cli.params import (
+    LANES,
+    MAX_FACTOR,
+    POSITIVE,
+    POSITIVE_SECONDS,
+    Quantity,
+    count,
+    parse_slo_option,
+)
 from replayer.cli.run import (
     _check_ray,
     _reject_idle_flags,
@@ -143,7 +151,7 @@ def format_capacity(doc: dict[str, Any]) -> str:
 )
 @click.option(
     "--percentile",
-    type=click.FloatRange(min=0, max=100, min_open=True, max_open=True),
+    type=Quantity(min=0, max=100, min_open=True, max_open=True),
     default=90.0,
     show_default=True,
     help="Percentile of each SLO metric over a cell's steady-state window.",
@@ -156,39 +164,39 @@ def format_capacity(doc: dict[str, Any]) -> str:
 )
 @click.option(
     "--start",
-    type=click.IntRange(min=1),
+    type=LANES,
     default=1,
     show_default=True,
     help="First concurrency level (with --session-rate, that rate is the first).",
 )
 @click.option(
     "--growth",
-    type=click.FloatRange(min=1, min_open=True),
+    type=Quantity(min=1, min_open=True, max=MAX_FACTOR),
     default=2.0,
     show_default=True,
     help="Ramp factor between levels until one fails; then bisection.",
 )
 @click.option(
     "--max-level",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     help="Highest level to try (concurrency or rate).",
 )
 @click.option(
     "--rate-resolution",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     default=0.1,
     show_default=True,
     help="With --session-rate: bisect until the bounds are this close (relative).",
 )
 @click.option(
     "--max-cells",
-    type=click.IntRange(min=1),
+    type=count(1),
     help="Budget: stop after this many cells with the best bound so far.",
 )
 @click.option(
     "--max-time",
     "max_time_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE_SECONDS,
     help="Budget, seconds: start no cell that would end after it.",
 )
 @click.option(

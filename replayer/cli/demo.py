@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from replayer.cli.errors import errors_as_messages, interrupted
+from replayer.cli.params import LANES, SESSIONS
 
 # The simulator runs 20x faster than one modeled GPU so the demo takes seconds.
 _SIM_ARGS = (
@@ -76,8 +77,8 @@ def run_demo(out: Path, *, sessions: int, concurrency: int, quiet: bool) -> str:
     show_default=True,
     help="Folder for the demo trace and run directory.",
 )
-@click.option("--sessions", type=click.IntRange(min=1), default=6, show_default=True)
-@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--sessions", type=SESSIONS, default=6, show_default=True)
+@click.option("--concurrency", type=LANES, default=4, show_default=True)
 @click.option("--quiet", is_flag=True, help="No progress line.")
 def demo(out: Path, sessions: int, concurrency: int, quiet: bool) -> None:
     """Generate a small AgentX-like trace, replay it against the built-in simulator

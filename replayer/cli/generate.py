@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from replayer.cli.errors import CommandError
+from replayer.cli.params import POSITIVE, SEED, SESSIONS
 
 if TYPE_CHECKING:
     from traces.generate import GeneratorConfig
@@ -23,6 +24,7 @@ def _resolve(
 ) -> GeneratorConfig:
     import orjson
 
+    from traces.errors import TraceError
     from traces.fit import fit_config
     from traces.generate import PRESETS, GeneratorConfig
     from traces.io import read_trace
@@ -30,7 +32,11 @@ def _resolve(
     if sum(x is not None for x in (preset, config, calibrate_from)) > 1:
         raise click.UsageError("use only one of --preset, --config, --calibrate-from")
     if calibrate_from is not None:
-        return fit_config(read_trace(calibrate_from))
+        trace = read_trace(calibrate_from)
+        try:
+            return fit_config(trace)
+        except TraceError as exc:
+            raise TraceError(f"{calibrate_from}: {exc}") from exc
     if config is not None:
         try:
             obj = orjson.loads(config.read_bytes())
@@ -50,10 +56,10 @@ def _resolve(
 )
 @click.option(
     "--sessions",
-    type=click.IntRange(min=1),
+    type=SESSIONS,
     help="Root sessions to generate [default: the preset's or the fitted trace's].",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option(
     "--preset",
     type=click.Choice(_PRESET_NAMES),
@@ -82,7 +88,7 @@ def _resolve(
 )
 @click.option(
     "--session-rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     help="Session arrivals per second (Poisson); writes each session's start_t.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the trace stats as JSON.")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +11,24 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from replayer.cli.errors import errors_as_messages, interrupted
-from replayer.cli.params import int_list
+from replayer.cli.params import (
+    BLOCK_TOKENS,
+    FACTOR,
+    FRACTION,
+    LANES,
+    MAX_LANES,
+    POSITIVE,
+    POSITIVE_SECONDS,
+    PROCESSES,
+    SECONDS,
+    SEED,
+    HttpUrl,
+    Ratio,
+    ShellArgs,
+    TokenRange,
+    count,
+    int_list,
+)
 
 if TYPE_CHECKING:
     from replayer.config import ReplayConfig
@@ -34,6 +50,7 @@ def _replay_options(f: F) -> F:
         click.option(
             "--endpoint",
             envvar="REPLAYER_ENDPOINT",
+            type=HttpUrl(),
             metavar="URL",
             help="Base URL of the OpenAI-compatible server. Without it, the "
             "built-in simulated endpoint is started (and stopped after).",
@@ -62,7 +79,7 @@ def _replay_options(f: F) -> F:
         ),
         click.option(
             "--session-rate",
-            type=click.FloatRange(min=0, min_open=True),
+            type=POSITIVE,
             help="Session trees per second (Poisson or gamma arrivals).",
         ),
         click.option(
@@ -73,7 +90,7 @@ def _replay_options(f: F) -> F:
         ),
         click.option(
             "--burstiness",
-            type=click.FloatRange(min=0, min_open=True),
+            type=POSITIVE,
             default=1.0,
             show_default=True,
             help="Gamma shape for --arrival gamma (1 = Poisson).",
@@ -85,14 +102,14 @@ def _replay_options(f: F) -> F:
         ),
         click.option(
             "--speedup",
-            type=click.FloatRange(min=0, min_open=True),
+            type=POSITIVE,
             default=1.0,
             show_default=True,
             help="Trace time / replay time with --timestamps.",
         ),
         click.option(
             "--think-scale",
-            type=click.FloatRange(min=0),
+            type=FACTOR,
             default=1.0,
             show_default=True,
             help="Multiplies the trace's think gaps.",
@@ -100,13 +117,13 @@ def _replay_options(f: F) -> F:
         click.option(
             "--think-cap",
             "think_cap_s",
-            type=click.FloatRange(min=0),
+            type=SECONDS,
             help="Caps each (scaled) think gap, seconds.",
         ),
         click.option(
             "--warmup",
             "warmup_s",
-            type=click.FloatRange(min=0),
+            type=SECONDS,
             default=0.0,
             show_default=True,
             help="Rows started in the first S seconds are flagged warm-up.",
@@ -114,7 +131,7 @@ def _replay_options(f: F) -> F:
         click.option(
             "--duration",
             "duration_s",
-            type=click.FloatRange(min=0, min_open=True),
+            type=POSITIVE_SECONDS,
             help="Stop starting new requests after S seconds.",
         ),
         click.option(
@@ -137,13 +154,13 @@ def _replay_options(f: F) -> F:
         ),
         click.option(
             "--block-tokens",
-            type=click.IntRange(min=1),
+            type=BLOCK_TOKENS,
             help="Tokens per materialized hash block (shrinks contexts, keeps "
             "the prefix structure).",
         ),
         click.option(
             "--max-input-tokens",
-            type=click.IntRange(min=1),
+            type=count(1),
             help="Cut prompts longer than this (from the end); counted per row.",
         ),
         click.option(
@@ -154,13 +171,14 @@ def _replay_options(f: F) -> F:
         ),
         click.option(
             "--token-range",
+            type=TokenRange(),
             default="1000-30000",
             show_default=True,
             help="Token ids used for prompt content (MIN-MAX, MAX exclusive).",
         ),
         click.option(
             "--prompt-cache-mb",
-            type=click.IntRange(min=0),
+            type=count(0, 1 << 30),
             default=256,
             show_default=True,
             help="Bound on the cache of encoded prompt blocks (later turns of a "
@@ -176,25 +194,25 @@ def _replay_options(f: F) -> F:
         ),
         click.option(
             "--connect-timeout",
-            type=click.FloatRange(min=0, min_open=True),
+            type=POSITIVE_SECONDS,
             default=10.0,
             show_default=True,
         ),
         click.option(
             "--read-timeout",
-            type=click.FloatRange(min=0, min_open=True),
+            type=POSITIVE_SECONDS,
             default=300.0,
             show_default=True,
             help="Max seconds between two chunks of a response.",
         ),
         click.option(
             "--request-timeout",
-            type=click.FloatRange(min=0, min_open=True),
+            type=POSITIVE_SECONDS,
             help="Total seconds per request (default: none).",
         ),
         click.option(
             "--max-inflight",
-            type=click.IntRange(min=1),
+            type=count(1),
             help="Cap on requests in flight.",
         ),
         click.option(
@@ -219,17 +237,13 @@ def _replay_options(f: F) -> F:
         ),
         click.option("--engine", help="Label: serving engine (vllm, sglang, ...)."),
         click.option("--engine-version", help="Label: engine version."),
-        click.option(
-            "--tp", type=click.IntRange(min=1), help="Label: tensor parallel size."
-        ),
-        click.option(
-            "--ep", type=click.IntRange(min=1), help="Label: expert parallel size."
-        ),
-        click.option("--gpus", type=click.IntRange(min=1), help="Label: GPU count."),
-        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--tp", type=count(1), help="Label: tensor parallel size."),
+        click.option("--ep", type=count(1), help="Label: expert parallel size."),
+        click.option("--gpus", type=count(1), help="Label: GPU count."),
+        click.option("--seed", type=SEED, default=0, show_default=True),
         click.option(
             "--workers",
-            type=click.IntRange(min=1),
+            type=PROCESSES,
             default=1,
             show_default=True,
             help="Worker processes (sessions sharded; one start barrier).",
@@ -243,18 +257,19 @@ def _replay_options(f: F) -> F:
         ),
         click.option(
             "--ray-workers",
-            type=click.IntRange(min=1),
+            type=PROCESSES,
             help="Ray actors (default: one per live node, at most one per lane).",
         ),
         click.option(
             "--sim-args",
+            type=ShellArgs(),
             default="",
             metavar="ARGS",
             help="Options for the built-in simulator, e.g. '--speed 10'.",
         ),
         click.option(
             "--max-error-rate",
-            type=click.FloatRange(min=0, max=1),
+            type=FRACTION,
             help="Exit status 1 when failed / (ok + failed) exceeds this "
             "(default: only a run with no ok request fails).",
         ),
@@ -281,7 +296,7 @@ def _protocol_options() -> list[Callable[[F], F]]:
         click.option(
             "--start-ratio",
             metavar="MIN-MAX|off",
-            callback=_ratio_option,
+            type=Ratio(),
             help="Each lane's first tree starts at a seeded point this far into its "
             "session (e.g. 0.25-0.75); its prefix is primed with one max_tokens=1 "
             "request, flagged and excluded.",
@@ -289,7 +304,7 @@ def _protocol_options() -> list[Callable[[F], F]]:
         click.option(
             "--cache-warmup",
             "cache_warmup_s",
-            type=click.FloatRange(min=0),
+            type=SECONDS,
             default=0.0,
             show_default=True,
             help="Seconds of cache-pressure warm-up (zero think gaps, max_tokens=1, "
@@ -298,7 +313,7 @@ def _protocol_options() -> list[Callable[[F], F]]:
         click.option(
             "--idle-skip",
             "idle_skip_s",
-            type=click.FloatRange(min=0),
+            type=SECONDS,
             help="Whole-system idle (no request in flight) beyond S seconds is "
             "skipped, not waited out.",
         ),
@@ -344,28 +359,12 @@ def _protocol_options() -> list[Callable[[F], F]]:
         ),
         click.option("--hardware", help="Label: accelerator (e.g. H100-SXM)."),
         click.option("--precision", help="Label: weights/KV precision (fp8 ...)."),
-        click.option(
-            "--pp", type=click.IntRange(min=1), help="Label: pipeline parallel size."
-        ),
+        click.option("--pp", type=count(1), help="Label: pipeline parallel size."),
         click.option("--disagg", help="Label: disaggregation (e.g. 1P2D, none)."),
         click.option("--kv-offload", help="Label: KV offload (e.g. lmcache, none)."),
         click.option("--spec-decode", help="Label: speculative decoding (none ...)."),
         click.option("--router", help="Label: router (dynamo-kv, sglang ...)."),
     ]
-
-
-def _ratio_option(
-    ctx: click.Context, param: click.Parameter, value: str | None
-) -> tuple[float, float] | None:
-    if value is None or value == "off":
-        return None
-    try:
-        lo, hi = (float(x) for x in value.split("-", 1))
-    except ValueError:
-        raise click.BadParameter(f"expected MIN-MAX or off, got {value!r}") from None
-    if not 0 <= lo <= hi <= 1:
-        raise click.BadParameter(f"expected 0 <= MIN <= MAX <= 1, got {value!r}")
-    return lo, hi
 
 
 def apply_profile(opts: dict[str, Any]) -> dict[str, Any]:
@@ -391,16 +390,6 @@ def apply_profile(opts: dict[str, Any]) -> dict[str, Any]:
         if ctx.get_parameter_source(name) not in explicit:
             out[name] = default
     return out
-
-
-def _parse_range(text: str) -> tuple[int, int]:
-    try:
-        lo, hi = (int(x) for x in text.split("-", 1))
-    except ValueError:
-        raise click.BadParameter(f"expected MIN-MAX, got {text!r}") from None
-    if not 0 <= lo < hi:
-        raise click.BadParameter(f"expected 0 <= MIN < MAX, got {text!r}")
-    return lo, hi
 
 
 def _labels(opts: dict[str, Any]) -> dict[str, Any]:
@@ -466,7 +455,7 @@ def build_config(
         )
     else:
         schedule = Lanes(concurrency=concurrency or 1)
-    lo, hi = _parse_range(opts["token_range"])
+    lo, hi = opts["token_range"]
     salt = "" if opts["no_cache_bust"] else opts["salt"] or new_run_id()
     api_key = opts["api_key"] or os.environ.get(opts["api_key_env"]) or None
     return ReplayConfig(
@@ -503,7 +492,7 @@ def build_config(
         max_inflight=opts["max_inflight"],
         labels=_labels(opts),
         workers=opts["workers"],
-        sim_args=tuple(shlex.split(opts["sim_args"])),
+        sim_args=tuple(opts["sim_args"]),
         ray_address=opts["ray_address"] or None,
         ray_workers=opts["ray_workers"],
         profile=opts["profile"],
@@ -644,7 +633,7 @@ def _aborted(run_dir: Path) -> str | None:
 )
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=LANES,
     help="Live session trees (default mode; default 1).",
 )
 @click.option(
@@ -687,7 +676,7 @@ def run(
 
 
 def _levels(text: str) -> list[int]:
-    return int_list(text, minimum=1, example="1,2,4,8")
+    return int_list(text, minimum=1, maximum=MAX_LANES, example="1,2,4,8")
 
 
 @click.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,7 +11,18 @@ import click
 
 from replayer.cli.errors import errors_as_messages
 from replayer.cli.output import echo_json
-from replayer.cli.params import int_list
+from replayer.cli.params import (
+    BLOCK_TOKENS,
+    FACTOR,
+    LANES,
+    MAX_RATE,
+    SECONDS,
+    TOKENS,
+    Quantity,
+    ShellArgs,
+    count,
+    int_list,
+)
 
 if TYPE_CHECKING:
     from traces.cache_curve import CacheCurve
@@ -129,7 +141,7 @@ _TRACE_SOURCES = ("bailian", "burstgpt")  # public traces: traces.bailian, .burs
 )
 @click.option(
     "--block-size",
-    type=click.IntRange(min=1),
+    type=BLOCK_TOKENS,
     help="Tokens per hash block [default: 64; bailian: the trace's 16].",
 )
 @click.option(
@@ -218,26 +230,26 @@ def _token_list(
 @click.argument("path", type=_TRACE_PATH)
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=LANES,
     default=1,
     show_default=True,
     help="Live session trees, as `replayer run --concurrency`.",
 )
 @click.option(
     "--think-scale",
-    type=click.FloatRange(min=0),
+    type=FACTOR,
     default=1.0,
     show_default=True,
     help="Multiplies the trace's think gaps, as `replayer run --think-scale`.",
 )
 @click.option(
     "--think-cap",
-    type=click.FloatRange(min=0),
+    type=SECONDS,
     help="Caps each (scaled) think gap, seconds, as `replayer run --think-cap`.",
 )
 @click.option(
     "--max-inflight",
-    type=click.IntRange(min=1),
+    type=count(1),
     help="Cap on requests in flight, as `replayer run --max-inflight`.",
 )
 @click.option(
@@ -248,23 +260,23 @@ def _token_list(
 )
 @click.option(
     "--block-tokens",
-    type=click.IntRange(min=1),
+    type=BLOCK_TOKENS,
     help="Server tokens per trace block, as `replayer run --block-tokens` "
     "[default: the trace's block size].",
 )
 @click.option(
     "--bytes-per-token",
-    type=click.IntRange(min=1),
+    type=count(1),
     help="KV bytes per token: budgets are shown in GiB too.",
 )
 @click.option(
     "--server-kv-tokens",
-    type=click.IntRange(min=0),
+    type=TOKENS,
     help="The server's KV size in tokens: which side of the knee it sits.",
 )
 @click.option(
     "--server-kv-gib",
-    type=click.FloatRange(min=0),
+    type=Quantity(min=0, max=MAX_RATE),
     help="The server's KV size in GiB (needs --bytes-per-token).",
 )
 @click.option(
@@ -279,6 +291,7 @@ def _token_list(
 @click.option(
     "--sim-args",
     "sim_args",
+    type=ShellArgs(),
     default="",
     help="With --engine: options that override the engine model (as `run "
     "--virtual --sim-args`; --kv-capacity-tokens is the budget's).",
@@ -296,7 +309,7 @@ def trace_cache_curve_cmd(
     server_kv_tokens: int | None,
     server_kv_gib: float | None,
     engine: str | None,
-    sim_args: str,
+    sim_args: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Prefix-cache hit rate against KV budget for the trace at PATH, its requests
@@ -334,15 +347,9 @@ def trace_cache_curve_cmd(
         )
     d = curve_dict(curve, bytes_per_token)
     if engine is not None:
-        import shlex
-
         from replayer.studies.kvcurve import engine_curve
 
-        try:
-            overrides = shlex.split(sim_args)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--sim-args") from None
-
+        overrides = list(sim_args)
         with errors_as_messages():
             points = engine_curve(
                 path,
@@ -355,7 +362,7 @@ def trace_cache_curve_cmd(
                 block_tokens=block_tokens,
                 sim_args=overrides,
             )
-        d["engine"] = {"source": engine, "sim_args": sim_args}
+        d["engine"] = {"source": engine, "sim_args": shlex.join(sim_args)}
         for entry, point in zip(d["budgets"], points, strict=True):
             entry["engine_hit_rate"] = point.hit_rate
             entry["engine_preemptions"] = point.preemptions

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -24,7 +25,7 @@ from replayer.config import (
     public_url,
     schedule_kind,
 )
-from replayer.errors import EndpointError, RecorderError
+from replayer.errors import ConfigError, EndpointError, RecorderError
 from replayer.play.agentx import check_duplication, protocol_meta
 from replayer.play.client import ChatClient, Client, ServerWatch
 from replayer.play.phase import IdleSkip, stop_control
@@ -39,7 +40,7 @@ from replayer.records.rundir import (
     new_run_id,
     write_run_json,
 )
-from traces.materialize import Materializer
+from traces.materialize import Materializer, largest_prompt
 from traces.model import Trace
 from traces.stats import ideal_hit_tokens
 from traces.table import request_column, request_extras
@@ -90,6 +91,39 @@ def provider_cache_hit_rate(trace: Trace) -> float | None:
                 cached += value
                 total += int(inputs[i])
     return cached / total if total else None
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this machine can still give (Linux MemAvailable, else its physical
+    memory); None when neither is known."""
+    try:
+        with Path("/proc/meminfo").open(encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+
+
+def check_prompt_memory(trace: Trace, config: ReplayConfig) -> None:
+    """The largest prompt must be buildable in half the memory available: a
+    ``--block-tokens`` far above the trace's block size multiplies every prompt."""
+    big = largest_prompt(trace, config.prompt)
+    room = available_memory_bytes()
+    if big is None or room is None or big.peak_bytes <= room // 2:
+        return
+    gib = 1 << 30
+    raise ConfigError(
+        f"session {big.session_id} request {big.request_index}: its prompt would be "
+        f"{big.tokens:,} tokens ({big.block_tokens:,} per block), ~"
+        f"{big.peak_bytes / gib:,.1f} GiB to build, more than half the memory "
+        f"available ({room / gib:,.1f} GiB); lower --block-tokens or cap prompts "
+        "with --max-input-tokens"
+    )
 
 
 def mode_info(schedule: Schedule) -> ModeInfo:
@@ -167,6 +201,7 @@ async def replay_trace(
     )
     meta = _run_meta(meta, trace, config, hits / total_in if total_in else None)
     check_duplication(trace, config)
+    check_prompt_memory(trace, config)
     meta = replace(meta, protocol=protocol_meta(trace, config))
     trace = shard(trace, worker_id, config.workers)
     trace_requests = trace.request_count()
