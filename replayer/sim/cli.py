@@ -68,7 +68,12 @@ def sim(host: str, port: int, **options: Any) -> None:
         config = SimConfig(**options)
     except ConfigError as exc:
         raise click.BadParameter(str(exc)) from exc
-    asyncio.run(_serve_until_signal(config, host, port))
+    try:
+        asyncio.run(_serve_until_signal(config, host, port))
+    except OSError as exc:  # the port is taken, the host is not an address here
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
 
 
 async def _serve_until_signal(config: SimConfig, host: str, port: int) -> None:

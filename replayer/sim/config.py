@@ -15,6 +15,20 @@ from replayer.errors import ConfigError
 POLICIES = ("vllm", "reserve")
 
 
+# Upper bounds: far past any server, short of what would exhaust this machine.
+_MOST: dict[str, int] = {
+    "block_size": 1 << 20,
+    "kv_capacity_tokens": 1 << 40,
+    "host_capacity_tokens": 1 << 40,
+    "max_model_len": 1 << 40,
+    "max_num_seqs": 1 << 20,
+    "max_num_batched_tokens": 1 << 31,
+    "mean_output_tokens": 1 << 31,
+    "seed": (1 << 63) - 1,
+}
+_MOST_BLOCKS = 1 << 23  # GPU blocks of the block pool (~100 bytes each)
+
+
 def _knob(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
@@ -92,6 +106,17 @@ class SimConfig:
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             _require(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
+        _require(self.seed >= 0, "seed", ">= 0", self.seed)
+        for name, most in _MOST.items():
+            value = getattr(self, name)
+            _require(value <= most, name, f"<= {most:,}", value)
+        blocks = self.kv_capacity_tokens // max(1, self.block_size)
+        _require(
+            blocks <= _MOST_BLOCKS,
+            "kv_capacity_tokens / block_size",
+            f"<= {_MOST_BLOCKS:,} blocks (each is an object in memory)",
+            blocks,
+        )
         _require(
             self.mean_output_tokens >= 1,
             "mean_output_tokens",

@@ -54,3 +54,31 @@ def test_cli_sim_rejects_contradicting_options() -> None:
     )
     assert result.exit_code == 2
     assert "kv_capacity_tokens must be >= max_model_len" in result.output
+
+
+def test_cli_sim_cannot_listen_is_one_line() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["sim", "--port", str(port)])
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_cli_sim_bounds_seed_and_sizes() -> None:
+    for args, says in (
+        (["--seed", "-1"], "seed must be >= 0"),
+        (["--kv-capacity-tokens", str(10**20)], "kv_capacity_tokens must be <="),
+        (
+            ["--kv-capacity-tokens", str(1 << 30), "--block-size", "16"],
+            "blocks (each is an object in memory)",
+        ),
+    ):
+        result = CliRunner().invoke(main, ["sim", *args])
+        assert result.exit_code == 2, args
+        assert says in result.output
