@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from replayer.sim.cache import Block, BlockPool
 from replayer.sim.config import SimConfig
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
+_REF = attrgetter("ref")
 
 
 @dataclass(eq=False, slots=True)
@@ -270,7 +272,7 @@ class Scheduler:
         free = pool.num_free
         # Hits nobody holds sit in the free queue: they are not room for the rest.
         if need > free or (
-            need > free - len(gpu) and need > free - sum(1 for b in gpu if b.ref == 0)
+            need > free - len(gpu) and need > free - list(map(_REF, gpu)).count(0)
         ):
             return None
         req.lookup = None
