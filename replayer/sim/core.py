@@ -178,7 +178,25 @@ class Scheduler:
                     done = True
         if done:
             self.running = [r for r in self.running if r.state != FINISHED]
-        duration_us = (
+        duration_us = self.step_duration_us(
+            decode, context, prefill, gpu_hit, host_hit, new
+        )
+        return StepResult(duration_us, emitted, prefill, decode)
+
+    def step_duration_us(
+        self,
+        decode: int,
+        context: int,
+        prefill: int = 0,
+        gpu_hit: int = 0,
+        host_hit: int = 0,
+        new: int = 0,
+    ) -> float:
+        """The step-time model: a step with ``decode`` decoding sequences reading
+        ``context`` KV tokens, ``prefill`` prompt tokens computed, hits loaded from
+        either tier and ``new`` requests scheduled for the first time."""
+        cfg = self.config
+        return (
             1000.0 * (cfg.decode_base_ms + cfg.decode_per_seq_ms * decode)
             + cfg.decode_us_per_context_token * context
             + cfg.prefill_us_per_token * prefill
@@ -186,7 +204,6 @@ class Scheduler:
             + cfg.host_hit_us_per_token * host_hit
             + cfg.request_overhead_us * new
         )
-        return StepResult(duration_us, emitted, prefill, decode)
 
     def decode_run(self) -> int:
         """How many steps from now are pure decode steps that finish no request:
@@ -205,11 +222,10 @@ class Scheduler:
             left = min(left, req.output_tokens - req.generated)
         return left - 1  # the finishing step goes through step()
 
-    def decode_steps(self, k: int) -> tuple[int, int] | None:
-        """Run ``k`` <= :meth:`decode_run` pure decode steps at once; (decoding
-        sequences, context tokens of the first step), each later step reading one
-        more token per sequence. None, with nothing done, when the pool cannot grow
-        every sequence for ``k`` steps (the steps may preempt: use :meth:`step`).
+    def decode_steps(self, k: int) -> bool:
+        """Run ``k`` <= :meth:`decode_run` pure decode steps at once. False, with
+        nothing done, when the pool cannot grow every sequence for ``k`` steps (the
+        steps may preempt: use :meth:`step`).
 
         The blocks the steps take come off the free queue's head in the order
         step() takes them, so evictions (and the host tier) are the same; which
@@ -221,10 +237,7 @@ class Scheduler:
         ]
         total = sum(need)
         if total > self.pool.num_free:
-            return None
-        context = 0
-        for req in running:
-            context += req.num_tokens
+            return False
         if total:
             fresh = self.pool.take(total)
             at = 0
@@ -236,7 +249,7 @@ class Scheduler:
             req.computed += k
             req.generated += k
         self.stats.generation_tokens += k * len(running)
-        return len(running), context
+        return True
 
     def reset_prefix_cache(self) -> int:
         return self.pool.reset()

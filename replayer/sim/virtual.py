@@ -105,34 +105,21 @@ class VirtualEngine:
         k = self.core.decode_run()
         if k < 2:
             return False
-        cfg = self.config
-        seqs = len(self.core.running)
-        fixed = 1000.0 * (cfg.decode_base_ms + cfg.decode_per_seq_ms * seqs)
-        context = sum(req.num_tokens for req in self.core.running)
-        per_token = cfg.decode_us_per_context_token
+        core = self.core
+        seqs = len(core.running)
+        context = sum(req.num_tokens for req in core.running)
         ends: list[int] = []
         end = start
-        for j in range(k):
-            # The expression of Scheduler.step, term for term (the others are 0).
-            duration_us = (
-                fixed
-                + per_token * (context + j * seqs)
-                + cfg.prefill_us_per_token * 0
-                + cfg.gpu_hit_us_per_token * 0
-                + cfg.host_hit_us_per_token * 0
-                + cfg.request_overhead_us * 0
-            )
-            nxt = end + max(1, round(duration_us * 1000))
+        for j in range(k):  # each step reads one more token per sequence
+            nxt = end + _ns(core.step_duration_us(seqs, context + j * seqs))
             if limit_ns is not None and nxt > limit_ns:
                 break
             end = nxt
             ends.append(end)
-            if limit_ns is not None and end == limit_ns:
-                break
         if len(ends) < 2:
             return False
-        running = list(self.core.running)
-        if self.core.decode_steps(len(ends)) is None:
+        running = list(core.running)
+        if not core.decode_steps(len(ends)):
             return False
         for creq in running:
             creq.handle.token_times_ns.extend(ends)
@@ -145,8 +132,13 @@ class VirtualEngine:
     def _plan(self, start: int) -> None:
         result = self.core.step()
         assert result is not None
-        duration = max(1, round(result.duration_us * 1000))
+        duration = _ns(result.duration_us)
         self._pending = result
         self._pending_end_ns = start + duration
         self.steps += 1
         self.busy_ns += duration
+
+
+def _ns(duration_us: float) -> int:
+    """A step's modeled time in whole nanoseconds (at least one: time moves)."""
+    return max(1, round(duration_us * 1000))
