@@ -259,39 +259,17 @@ def run_capacity(
                     if cells and search.reset_cache and resolved.virtual is None:
                         _reset(resolved, doc)
                     name = _name(level, search.rate) + ("-wide" if widened_from else "")
-                    summary = replay(
+                    cell = _play_cell(
                         trace_path,
                         _cell_config(resolved, level, search, cell_s),
+                        search,
                         out / name,
+                        level=level,
+                        widened_from=widened_from,
                         progress=progress,
                         sim=sim,
                     )
-                    verdict = _judge(out / name, search, summary.counts.error_rate)
-                    limited = summary.client_limited
-                    cell = {
-                        "name": name,
-                        "level": level,
-                        "duration_s": cell_s,
-                        "widened_from": widened_from,
-                        # A client-limited cell never passes: its latencies are
-                        # the replayer's; "slo_pass" keeps what the SLO said.
-                        "pass": verdict["pass"] and not limited,
-                        "slo_pass": verdict["pass"],
-                        "client_limited": limited,
-                        "client_reasons": list(
-                            (summary.client_check or {}).get("reasons", [])
-                        )
-                        if limited
-                        else [],
-                        "borderline": verdict["borderline"],
-                        "requests": summary.requests,
-                        "ok": summary.ok,
-                        "error_rate": summary.counts.error_rate,
-                        "window": verdict["window"],
-                        "window_requests": verdict["requests"],
-                        "checks": verdict["checks"],
-                        "reasons": verdict["reasons"],
-                    }
+                    limited = cell["client_limited"]
                     cells.append(cell)
                     save("running")
                     if on_cell is not None:
@@ -310,6 +288,45 @@ def run_capacity(
             save("interrupted")
             raise
     return save(bounds.status)
+
+
+def _play_cell(
+    trace_path: Path,
+    config: ReplayConfig,
+    search: CapacitySearch,
+    run_dir: Path,
+    *,
+    level: float,
+    widened_from: str | None,
+    progress: Any,
+    sim: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Replay one cell into ``run_dir`` and judge it: capacity.json's cell."""
+    summary = replay(trace_path, config, run_dir, progress=progress, sim=sim)
+    verdict = _judge(run_dir, search, summary.counts.error_rate)
+    limited = summary.client_limited
+    return {
+        "name": run_dir.name,
+        "level": level,
+        "duration_s": config.duration_s,
+        "widened_from": widened_from,
+        # A client-limited cell never passes: its latencies are the replayer's;
+        # "slo_pass" keeps what the SLO said.
+        "pass": verdict["pass"] and not limited,
+        "slo_pass": verdict["pass"],
+        "client_limited": limited,
+        "client_reasons": list((summary.client_check or {}).get("reasons", []))
+        if limited
+        else [],
+        "borderline": verdict["borderline"],
+        "requests": summary.requests,
+        "ok": summary.ok,
+        "error_rate": summary.counts.error_rate,
+        "window": verdict["window"],
+        "window_requests": verdict["requests"],
+        "checks": verdict["checks"],
+        "reasons": verdict["reasons"],
+    }
 
 
 def confirm_capacity(
@@ -336,21 +353,19 @@ def confirm_capacity(
     with running_endpoint(config) as (resolved, sim):
         for level in levels:
             name = "confirm-" + _name(level, search.rate)
-            summary = replay(
+            cell = _play_cell(
                 trace_path,
                 _cell_config(resolved, level, search, duration),
+                search,
                 out / name,
+                level=level,
+                widened_from=None,
                 progress=progress,
                 sim=sim,
             )
-            verdict = _judge(out / name, search, summary.counts.error_rate)
-            limited = summary.client_limited
             measured = {
-                "name": name,
-                "pass": verdict["pass"] and not limited,
-                "client_limited": limited,
-                "ok": summary.ok,
-                "checks": verdict["checks"],
+                **{k: cell[k] for k in ("name", "pass", "client_limited", "ok")},
+                "checks": cell["checks"],
                 "hit": _hit(out / name),
             }
             guess = predicted.get(level)
