@@ -25,6 +25,7 @@ import orjson
 
 from traces.errors import TraceError
 from traces.model import Request, Session, Trace
+from traces.recent import RecentByKey
 from traces.table import RequestRows, request_column
 from traces.textrule import CHAT_TOKENS_PER_MESSAGE, word_for_token
 
@@ -129,10 +130,11 @@ class Materializer:
         self._cache: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
         self._cache_bytes = 0
         # Recent prompts' joined full blocks, per (namespace, block tokens).
-        self._joins: OrderedDict[tuple[str, int], list[tuple[list[int], bytes]]] = (
-            OrderedDict()
+        self._joins: RecentByKey[tuple[str, int], tuple[list[int], bytes]] = (
+            RecentByKey(
+                _JOINS_PER_NAMESPACE, config.cache_bytes // 4, lambda e: len(e[1])
+            )
         )
-        self._join_bytes = 0
         self.hits = 0
         self.misses = 0
 
@@ -207,7 +209,7 @@ class Materializer:
         key = (namespace, n)
         best: tuple[list[int], bytes] | None = None
         with self._lock:
-            for seen in self._joins.get(key, ()):
+            for seen in self._joins.get(key):
                 k = len(seen[0])
                 longer = best is None or k > len(best[0])
                 if k <= len(hash_ids) and longer and hash_ids[:k] == seen[0]:
@@ -222,15 +224,7 @@ class Materializer:
         else:
             joined = b",".join(self._fragments(namespace, hash_ids, n))
         with self._lock:
-            entries = self._joins.pop(key, [])
-            entries.insert(0, (hash_ids, joined))
-            self._join_bytes += len(joined)
-            while len(entries) > _JOINS_PER_NAMESPACE:
-                self._join_bytes -= len(entries.pop()[1])
-            self._joins[key] = entries
-            while self._join_bytes > self.config.cache_bytes // 4 and self._joins:
-                _, old = self._joins.popitem(last=False)
-                self._join_bytes -= sum(len(e[1]) for e in old)
+            self._joins.add(key, (hash_ids, joined))
         return joined
 
     def _fragment(self, namespace: str, hash_id: int, n: int) -> bytes:

@@ -6,7 +6,6 @@ docs/engine-model.md."""
 from __future__ import annotations
 
 import bisect
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +13,7 @@ import orjson
 
 from replayer.sim.cache import block_hashes
 from replayer.sim.protocol import ApiError
+from traces.recent import RecentByKey
 
 _OPEN = b'"prompt":['
 _COMMA = ord(",")
@@ -47,8 +47,9 @@ class PromptHashes:
     def __init__(self, block_size: int, max_bytes: int = 64 << 20) -> None:
         self.block_size = block_size
         self.max_bytes = max_bytes
-        self._seen: OrderedDict[bytes, list[_Seen]] = OrderedDict()
-        self._bytes = 0
+        self._seen: RecentByKey[bytes, _Seen] = RecentByKey(
+            _PER_KEY, max_bytes, lambda seen: len(seen.ids)
+        )
         self.reused_blocks = 0
         self.hashed_blocks = 0
 
@@ -72,7 +73,7 @@ class PromptHashes:
         best: _Seen | None = None
         common = 0
         arr = np.frombuffer(ids, dtype=np.uint8)
-        for seen in self._seen.get(key, ()):
+        for seen in self._seen.get(key):
             m = min(len(ids), len(seen.ids))
             diff = np.flatnonzero(arr[:m] != np.frombuffer(seen.ids, np.uint8, m))
             n = int(diff[0]) if len(diff) else m
@@ -102,17 +103,6 @@ class PromptHashes:
                 ends.append(len(ids))
         self.reused_blocks += reuse
         self.hashed_blocks += len(new)
-        self._remember(key, _Seen(ids, hashes, ends))
+        self._seen.add(key, _Seen(ids, hashes, ends))
         rest = body[:start] + b"0" + body[end:]
         return HashedPrompt(rest, reuse * bs + len(tail), hashes)
-
-    def _remember(self, key: bytes, seen: _Seen) -> None:
-        entries = self._seen.pop(key, [])
-        entries.insert(0, seen)
-        self._bytes += len(seen.ids)
-        while len(entries) > _PER_KEY:
-            self._bytes -= len(entries.pop().ids)
-        self._seen[key] = entries
-        while self._bytes > self.max_bytes and self._seen:
-            _, old = self._seen.popitem(last=False)
-            self._bytes -= sum(len(e.ids) for e in old)

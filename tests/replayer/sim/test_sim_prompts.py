@@ -49,7 +49,7 @@ def test_block_aligned_prompts_and_bounded_memory() -> None:
         split = hashes.split(_body(ids[:n]))
         assert split is not None
         assert split.hashes == block_hashes(ids[:n], 4)
-    assert hashes._bytes <= 200
+    assert hashes._seen.held_bytes <= 200
 
 
 @pytest.mark.parametrize(
