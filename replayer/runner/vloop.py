@@ -5,9 +5,11 @@ whole trace in seconds. See docs/engine-model.md."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import math
 import selectors
+import signal
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any, Protocol, TypeVar
@@ -153,12 +155,33 @@ class VirtualClock:
 def run_virtual(
     factory: Callable[[VirtualLoop], Awaitable[T]],
 ) -> T:
-    """Run ``factory(loop)`` to completion on a fresh VirtualLoop."""
+    """Run ``factory(loop)`` to completion on a fresh VirtualLoop. Ctrl-C or SIGTERM
+    cancel it, as ``run_async`` does a live run: every ``finally`` flushes (the rows
+    recorded so far, run.json's end), then KeyboardInterrupt comes out."""
     loop = VirtualLoop()
+    signals: list[int] = []
     try:
         asyncio.set_event_loop(loop)
-        return loop.run_until_complete(factory(loop))
+        task: asyncio.Future[T] = asyncio.ensure_future(factory(loop), loop=loop)
+
+        def stop(signum: int) -> None:
+            signals.append(signum)
+            task.cancel()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signum, stop, signum)
+        try:
+            result = loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None
+        if signals:  # it came as the work ended: still a request to stop
+            raise KeyboardInterrupt
+        return result
     finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(signum)
         try:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())

@@ -5,8 +5,10 @@ live cells of the built-in simulator."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -216,3 +218,35 @@ def test_cache_curve_engine_gives_the_engine_hit_per_budget(
     bad = _run("trace", "cache-curve", trace, "--sim-args", "--policy reserve")
     assert bad.returncode == 2
     assert "add --engine" in bad.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_virtual_run_interrupted_keeps_its_rows(tmp_path: Path, sig: int) -> None:
+    """Ctrl-C or SIGTERM mid-run: exit 130, the rows so far on disk, run.json says
+    interrupted (the virtual loop cancels the run as a live one does)."""
+    out = tmp_path / "v"
+    proc = subprocess.Popen(
+        [
+            *REPLAYER, "run", str(_trace(tmp_path / "t.jsonl", 4)), "--concurrency",
+            "4", "--loop", "--duration", "1000000", "--virtual", "sim", "--quiet",
+            "--out", str(out),
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "run.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # well into the replay
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["interrupted"] is True
+    assert len(load_run(out).requests) > 0
