@@ -146,7 +146,7 @@ def client_notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
                 f"{s['run']['name']}: CLIENT-LIMITED: the replayer, not the server, "
                 f"limited this run ({'; '.join(check.get('reasons', []))}); its "
                 "latencies include the client's own delays: rerun with more "
-                "--workers or --ray"
+                "--workers or --ray, or on cores the server does not use"
             )
     return notes
 

@@ -592,7 +592,8 @@ def _gate(summaries: list[RunSummary], max_error_rate: float | None) -> None:
             click.echo(
                 f"warning: {s.run_dir}: CLIENT-LIMITED: the replayer, not the server, "
                 f"limited this run ({'; '.join(s.client_check['reasons'])}); its "
-                "latencies include the client's own delays: add --workers or --ray",
+                "latencies include the client's own delays: add --workers or --ray, "
+                "or give the replayer cores the server does not use",
                 err=True,
             )
         for note in (s.client_check or {}).get("server_notes") or ():

@@ -32,6 +32,9 @@ _LIVE_WINDOWS = 3  # the status line flags a limit crossed in any of the latest
 # Per-request figures are judged over at least this many requests: a P99 of a few
 # is their worst one (the first connection of a lane, say).
 _MIN_REQUESTS = 100
+# A process using less CPU than this (cores) whose loop still lags was kept waiting
+# by other processes: more workers would not help, other cores would.
+_STARVED_CORES = 0.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,12 +102,18 @@ def _reasons(
     slot_p99_ms: float | None,
     dispatch_p99_ms: float | None,
     limits: SelfCheckLimits,
+    process_cores: float | None = None,
 ) -> list[str]:
     reasons = []
     if lag_p99_ms is not None and lag_p99_ms > limits.loop_lag_p99_ms:
-        reasons.append(
-            f"event-loop lag P99 {lag_p99_ms:,.0f} ms > {limits.loop_lag_p99_ms:g} ms"
-        )
+        why = f"event-loop lag P99 {lag_p99_ms:,.0f} ms > {limits.loop_lag_p99_ms:g} ms"
+        if process_cores is not None and process_cores < _STARVED_CORES:
+            # Late without being busy: the loop was ready and not scheduled.
+            why += (
+                f" with this process at {process_cores:.0%} of a core: other "
+                "processes held this machine's CPUs (a server on the same cores?)"
+            )
+        reasons.append(why)
     if cpu_p50 is not None and cpu_p50 >= limits.loop_cpu_share:
         reasons.append(
             f"event-loop thread at {cpu_p50:.0%} of a core "
@@ -186,6 +195,7 @@ class LoopMonitor:
                         _p99_ms(c.slot_waits_ns[slot_from:], _MIN_REQUESTS),
                         _p99_ms(c.dispatch_lags_ns[sent_from:], _MIN_REQUESTS),
                         self.limits,
+                        (proc1 - proc0) / wall,
                     )
                 )
                 self.counters.client_limit = next(
@@ -200,19 +210,21 @@ class LoopMonitor:
         lag = _stats(self.lags_ns, (50, 99), 1e6)
         cpu = _stats(self.loop_cpu, (50, 90), 1.0)
         c = self.counters
+        process = _stats(self.process_cpu, (50,), 1.0)
         reasons = _reasons(
             lag.get("p99"),
             cpu.get("p50"),
             _p99_ms(c.slot_waits_ns, _MIN_REQUESTS),
             _p99_ms(c.dispatch_lags_ns, _MIN_REQUESTS),
             self.limits,
+            process.get("p50"),
         )
         return ClientCheck(
             limited=bool(reasons),
             reasons=tuple(reasons),
             loop_lag_ms=lag,
             loop_cpu_share=cpu,
-            process_cpu_cores=_stats(self.process_cpu, (50,), 1.0),
+            process_cpu_cores=process,
             pool_wait_ms=_stats(c.pool_waits_ns, (50, 99), 1e6),
             slot_wait_ms=_stats(c.slot_waits_ns, (50, 99), 1e6),
             connect_ms=_stats(c.connects_ns, (50, 99), 1e6),

@@ -119,8 +119,11 @@ def _check_run(
         p90_bucket_ms=[lo * 1e3, hi * 1e3],
     )
     # Upper slack: HTTP, tokenization and SSE sit outside vLLM's timer, and on 2 CPU
-    # cores the API server process competes with the engine and the replayer.
-    assert lo * 0.8 <= p90 <= hi * 1.5 + 0.1
+    # cores the API server process competes with the engine. The replayer has a core
+    # of its own (.ci/engines.sh pins vLLM off it); where it did not, its self-check
+    # said so, and that verdict is the message.
+    check = run.meta.get("client_check") or {}
+    assert lo * 0.8 <= p90 <= hi * 1.5 + 0.1, check.get("reasons")
 
 
 def test_vllm_completions_token_ids(vllm: Engine, subset: Path, tmp_path: Path) -> None:

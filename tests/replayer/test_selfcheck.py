@@ -55,6 +55,27 @@ def test_selfcheck_verdict_names_each_limit_crossed() -> None:
     assert check.server_notes == ()
 
 
+def test_selfcheck_lag_without_load_blames_the_machine_not_the_client_work() -> None:
+    # A loop late by 200 ms while its process used 7% of a core was ready and not
+    # scheduled: a server on the same cores (vLLM's CPU build beside the replayer
+    # did this). Still limited (every stamp is late), but the reason says why, so
+    # the advice is other cores, not more workers.
+    counters = RunCounters()
+    monitor = LoopMonitor(MonotonicClock(), counters)
+    monitor.lags_ns.extend([1_000_000] * 95 + [200_000_000] * 5)
+    monitor.loop_cpu.extend([0.05] * 10)
+    monitor.process_cpu.extend([0.07] * 10)
+    check = monitor.check()
+    assert check.limited
+    (reason,) = check.reasons
+    assert reason.startswith("event-loop lag P99 200 ms > 50 ms with this process at 7")
+    assert "other processes held this machine's CPUs" in reason
+    # The same lag with the process busy is the client's own load: no such clause.
+    monitor.process_cpu[:] = monitor.process_cpu.__class__("d", [0.95] * 10)
+    (reason,) = monitor.check().reasons
+    assert reason == "event-loop lag P99 200 ms > 50 ms"
+
+
 def test_selfcheck_slow_connects_are_the_servers_said_not_flagged() -> None:
     counters = RunCounters()
     monitor = LoopMonitor(MonotonicClock(), counters)
