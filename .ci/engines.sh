@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Real engines for the e2e tests: vLLM (CPU build) and llama.cpp's server (xllamacpp).
 #
-#   bash .ci/engines.sh [--only vllm|llamacpp] -- COMMAND [ARGS...]
+#   bash .ci/engines.sh [--only "vllm vllm-kv llamacpp"] -- COMMAND [ARGS...]
 #
 # Installs each engine into its own venv under $REPLAYER_ENGINES_CACHE (default
 # ~/.cache/replayer-engines; reused when already complete), prepares the models, starts
 # the engines on 127.0.0.1 on free ports, waits for health, exports
 #
 #   REPLAYER_E2E_VLLM_URL       REPLAYER_E2E_VLLM_MODEL       (or REPLAYER_E2E_VLLM_ERROR)
+#   REPLAYER_E2E_VLLM_KV_URL    REPLAYER_E2E_VLLM_KV_MODEL    (or …_VLLM_KV_ERROR)
 #   REPLAYER_E2E_LLAMACPP_URL   REPLAYER_E2E_LLAMACPP_MODEL   (or REPLAYER_E2E_LLAMACPP_ERROR)
 #   REPLAYER_E2E_LOGS           folder with each engine's install/server log
 #
@@ -15,7 +16,7 @@
 # An engine that cannot be installed or started is reported (…_ERROR says why, and its
 # tests skip with that reason); COMMAND runs all the same.
 #
-# Knobs: REPLAYER_ENGINES ("vllm llamacpp"), REPLAYER_E2E_MODEL_DIR (the HF model folder
+# Knobs: REPLAYER_ENGINES ("vllm vllm-kv llamacpp"), REPLAYER_E2E_MODEL_DIR (the HF model folder
 # for vLLM; default <repo>/../shared/models/tiny-random-llama), REPLAYER_ENGINES_PYTHON
 # (python3), VLLM_INSTALL_TIMEOUT (1800 s), VLLM_START_TIMEOUT (600 s),
 # LLAMACPP_START_TIMEOUT (120 s).
@@ -24,7 +25,7 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
 CACHE=${REPLAYER_ENGINES_CACHE:-$HOME/.cache/replayer-engines}
-ENGINES=${REPLAYER_ENGINES:-vllm llamacpp}
+ENGINES=${REPLAYER_ENGINES:-vllm vllm-kv llamacpp}
 PY=${REPLAYER_ENGINES_PYTHON:-python3}
 MODEL_DIR=${REPLAYER_E2E_MODEL_DIR:-$repo/../shared/models/tiny-random-llama}
 VLLM_VERSION=0.32.0
@@ -38,11 +39,11 @@ while [[ $# -gt 0 ]]; do
     case $1 in
         --only) ENGINES=$2; shift 2 ;;
         --) shift; break ;;
-        *) echo "usage: bash .ci/engines.sh [--only vllm|llamacpp] -- COMMAND..." >&2; exit 2 ;;
+        *) echo "usage: bash .ci/engines.sh [--only "vllm vllm-kv llamacpp"] -- COMMAND..." >&2; exit 2 ;;
     esac
 done
 if [[ $# -eq 0 ]]; then
-    echo "usage: bash .ci/engines.sh [--only vllm|llamacpp] -- COMMAND..." >&2
+    echo "usage: bash .ci/engines.sh [--only "vllm vllm-kv llamacpp"] -- COMMAND..." >&2
     exit 2
 fi
 
@@ -176,8 +177,11 @@ EOF
 export CACHE VLLM_VERSION XLLAMACPP_VERSION SMOLLM2_VERSION
 export -f vllm_install_steps llamacpp_install_steps
 
+# start_vllm NAME ENV_KEY [EXTRA ARGS...]: one vLLM server, its exports under
+# REPLAYER_E2E_<ENV_KEY>_*.
 start_vllm() {
-    local why t0 port url
+    local name=$1 key=$2 why t0 port url
+    shift 2
     if [[ ! -f $MODEL_DIR/config.json ]]; then
         echo "model folder not found: $MODEL_DIR"
         return 1
@@ -194,19 +198,19 @@ start_vllm() {
         --model "$MODEL_DIR" --served-model-name tiny-random-llama \
         --host 127.0.0.1 --port "$port" --max-model-len 4096 \
         --enable-prefix-caching --enable-prompt-tokens-details \
-        --disable-uvicorn-access-log \
-        </dev/null >"$LOGS/vllm-server.log" 2>&1 &
-    PGID[vllm]=$!
-    log "vllm: starting on $url (log: $LOGS/vllm-server.log)"
-    if ! why=$(wait_http vllm "$url/health" "${PGID[vllm]}" "$VLLM_START_TIMEOUT"); then
-        tail -n 30 "$LOGS/vllm-server.log" >&2
-        echo "$why (see $LOGS/vllm-server.log)"
+        --disable-uvicorn-access-log "$@" \
+        </dev/null >"$LOGS/$name-server.log" 2>&1 &
+    PGID[$name]=$!
+    log "$name: starting on $url (log: $LOGS/$name-server.log)"
+    if ! why=$(wait_http "$name" "$url/health" "${PGID[$name]}" "$VLLM_START_TIMEOUT"); then
+        tail -n 30 "$LOGS/$name-server.log" >&2
+        echo "$why (see $LOGS/$name-server.log)"
         return 1
     fi
-    log "vllm: ready in $(($(now) - t0)) s"
-    pin_off_last_core vllm "${PGID[vllm]}"
-    export REPLAYER_E2E_VLLM_URL=$url REPLAYER_E2E_VLLM_MODEL=tiny-random-llama
-    export REPLAYER_E2E_VLLM_VERSION=$VLLM_VERSION
+    log "$name: ready in $(($(now) - t0)) s"
+    pin_off_last_core "$name" "${PGID[$name]}"
+    export "REPLAYER_E2E_${key}_URL=$url" "REPLAYER_E2E_${key}_MODEL=tiny-random-llama"
+    export "REPLAYER_E2E_${key}_VERSION=$VLLM_VERSION"
 }
 
 start_llamacpp() {
@@ -242,13 +246,25 @@ else
     export REPLAYER_E2E_LLAMACPP_ERROR="llama.cpp not selected (REPLAYER_ENGINES=$ENGINES)"
 fi
 if wants vllm; then
-    start_vllm >"$LOGS/vllm.why"
+    start_vllm vllm VLLM >"$LOGS/vllm.why"
     if [[ -z ${REPLAYER_E2E_VLLM_URL:-} ]]; then
         export REPLAYER_E2E_VLLM_ERROR="vLLM unavailable: $(tail -n 1 "$LOGS/vllm.why")"
         log "$REPLAYER_E2E_VLLM_ERROR"
     fi
 else
     export REPLAYER_E2E_VLLM_ERROR="vLLM not selected (REPLAYER_ENGINES=$ENGINES)"
+fi
+# The same model with its KV cut to 400 blocks of 32 tokens (12,800 tokens): a few
+# lanes of 3,000-token prompts oversubscribe it, so it preempts (the calibration test).
+if wants vllm-kv; then
+    start_vllm vllm-kv VLLM_KV --block-size 32 --num-gpu-blocks-override 400 \
+        >"$LOGS/vllm-kv.why"
+    if [[ -z ${REPLAYER_E2E_VLLM_KV_URL:-} ]]; then
+        export REPLAYER_E2E_VLLM_KV_ERROR="vLLM (small KV) unavailable: $(tail -n 1 "$LOGS/vllm-kv.why")"
+        log "$REPLAYER_E2E_VLLM_KV_ERROR"
+    fi
+else
+    export REPLAYER_E2E_VLLM_KV_ERROR="vLLM (small KV) not selected (REPLAYER_ENGINES=$ENGINES)"
 fi
 log "engines up after $(($(now) - T0)) s; running: $*"
 

@@ -314,3 +314,34 @@ def capacity_cell(
     return {"name": name, "level": level, "duration_s": 1.0, "checks": checks,
             "pass": ttft[1] and tpot[1], "borderline": False, "reasons": [],
             "window": None, "ok": 30, "error_rate": 0.0, **kw}  # fmt: skip
+
+
+# Twelve real Weka sessions, three with subagents: the calibration tests' load.
+CALIBRATION_SESSIONS = (
+    *("0003", "0254", "0274", "0369", "0131", "0150", "0208", "0481"),
+    *("0017", "0579", "0597", "0651"),
+)
+
+
+def _cut_entries(entries: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The first ``n`` entries (subagents cut to 3 requests), outputs 6-25 tokens."""
+    out = []
+    for entry in entries[:n]:
+        entry = dict(entry)
+        if entry.get("type") == "subagent":
+            entry["requests"] = _cut_entries(entry["requests"], 3)
+        else:
+            entry["out"] = min(entry["out"], 6 + entry["out"] % 20)
+        out.append(entry)
+    return out
+
+
+def weka_cut(weka_dir: Path, folder: Path, entries: int) -> Path:
+    """CALIBRATION_SESSIONS, each cut to its first ``entries`` entries, written to
+    ``folder`` as Weka files (the reader's own format)."""
+    for name in CALIBRATION_SESSIONS:
+        session = json.loads((weka_dir / f"trace_{name}.json").read_text())
+        session["requests"] = _cut_entries(session["requests"], entries)
+        session.pop("totals", None)
+        (folder / f"trace_{name}.json").write_text(json.dumps(session))
+    return folder

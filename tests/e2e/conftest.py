@@ -17,7 +17,7 @@ MODEL_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "models"
 
 @dataclass(frozen=True)
 class Engine:
-    name: str  # "vllm" | "llamacpp"
+    name: str  # "vllm" | "vllm_kv" | "llamacpp"
     url: str
     model: str
 
@@ -53,3 +53,9 @@ def tokenizer_json() -> Path:
     if not path.is_file():
         pytest.skip(f"tokenizer not found at {path}")
     return path
+
+
+@pytest.fixture(scope="session")
+def vllm_kv() -> Engine:
+    """vLLM (CPU build) with its KV cut to 400 blocks of 32 tokens: it preempts."""
+    return _engine("vllm_kv", "vLLM (small KV)")
