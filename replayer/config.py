@@ -307,4 +307,3 @@ class ReplayConfig:
         """Whether the run has a warm-up phase before its measured window (primers
         or a cache-pressure warm-up); --duration then counts from its end."""
         return self.start_ratio is not None or self.cache_warmup_s > 0
-

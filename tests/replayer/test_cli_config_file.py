@@ -19,7 +19,9 @@ from traces.io import write_trace
 REPLAYER = [sys.executable, "-m", "replayer"]
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*REPLAYER, *args],
         capture_output=True,
@@ -65,8 +67,9 @@ def test_cli_config_toml_sets_options_and_typed_flags_win(tmp_path: Path) -> Non
     assert cfg["endpoint"]["api"] == "chat"
     assert cfg["virtual"] == "sim"
     assert cfg["sim_args"] == ["--speed", "50"]
-    assert cfg["labels"] | {"team": "kv", "rack": "7", "engine": "vllm", "tp": 2} == (
-        cfg["labels"]
+    assert (
+        cfg["labels"] | {"team": "kv", "rack": "7", "engine": "vllm", "tp": 2}
+        == (cfg["labels"])
     )
 
 
@@ -133,7 +136,9 @@ def test_cli_config_run_json_serves_sweep_and_capacity(tmp_path: Path) -> None:
         for field in ("think_scale", "seed", "virtual", "prompt"):
             if field == "prompt":  # a study draws a fresh salt per level
                 assert cfg[field].pop("salt") != old[field]["salt"]
-                assert cfg[field] == {k: v for k, v in old[field].items() if k != "salt"}
+                assert cfg[field] == {
+                    k: v for k, v in old[field].items() if k != "salt"
+                }
             else:
                 assert cfg[field] == old[field]
         assert cfg["schedule"] == {"kind": "concurrency", "concurrency": 1}

@@ -53,7 +53,9 @@ def _run_config(tmp_path: Path, command: str, *extra: str) -> dict[str, Any]:
         )  # fmt: skip
         found = sorted(out.glob("*/run.json"))
     else:
-        _invoke("demo", "--sessions", "2", "--concurrency", "2", "--out", str(out), *extra)
+        _invoke(
+            "demo", "--sessions", "2", "--concurrency", "2", "--out", str(out), *extra
+        )
         found = sorted(out.glob("runs/*/run.json"))
     assert len(found) == 1, found
     config: dict[str, Any] = json.loads(found[0].read_text())["config"]
@@ -97,8 +99,9 @@ def test_cli_options_demo_keeps_its_own_defaults_without_a_profile(
 def test_cli_options_flag_beats_file_beats_profile(tmp_path: Path) -> None:
     toml = tmp_path / "c.toml"
     toml.write_text(
-        'profile = "agentx"\nduration = 3\ncache-warmup = 0.5\non_error = "skip-session"'
-        '\nidle-skip = 4\nvirtual = "sim"\nquiet = true\nconcurrency = 2\n'
+        'profile = "agentx"\nduration = 3\ncache-warmup = 0.5\n'
+        'on_error = "skip-session"\nidle-skip = 4\nvirtual = "sim"\nquiet = true\n'
+        "concurrency = 2\n"
     )
     cfg = _run_config(tmp_path, "run", "--config", str(toml), "--duration", "1.5")
     assert cfg["duration_s"] == 1.5  # typed
