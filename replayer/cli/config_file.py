@@ -116,6 +116,7 @@ def _load(ctx: click.Context, _param: click.Parameter, path: Path | None) -> Non
     entries, recorded = _read(path)
     options = _options_by_key(ctx.command)
     values: dict[str, Any] = {}
+    keys: dict[str, str] = {}  # option name → the key that set it
     for key, value, shown in entries:
         norm = key.replace("-", "_")
         if norm in _REFUSED:
@@ -138,9 +139,13 @@ def _load(ctx: click.Context, _param: click.Parameter, path: Path | None) -> Non
                 + _hint(norm, options, ctx.command_path)
             )
         option, negated = found
-        if option.name in values:
-            raise CommandError(f"{path}: {shown!r} sets --{option.name} twice")
-        values[str(option.name)] = _value(ctx, path, shown, option, negated, value)
+        name = str(option.name)
+        if name in keys:
+            raise CommandError(
+                f"{path}: {keys[name]!r} and {shown!r} set the same option"
+            )
+        keys[name] = shown
+        values[name] = _value(ctx, path, shown, option, negated, value)
     ctx.default_map = {**(ctx.default_map or {}), **values}
 
 

@@ -51,6 +51,7 @@ def replay_options(**defaults: Any) -> Callable[[F], F]:
         for param in out.__click_params__:
             if param.name in defaults:
                 param.default = defaults[param.name]
+                param.show_default = True
         return out  # type: ignore[no-any-return]
 
     return decorate
