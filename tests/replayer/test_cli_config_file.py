@@ -215,3 +215,22 @@ def test_cli_config_api_key_comes_from_the_environment_never_the_files(
     for f in tmp_path.rglob("*"):
         if f.is_file():
             assert secret.encode() not in f.read_bytes(), f
+
+
+def test_cli_config_a_typed_choice_replaces_the_files(tmp_path: Path) -> None:
+    # A typed --session-rate replaces the file's lanes, and --session-routing its
+    # header, instead of clashing with them; what they do not contradict stays.
+    toml = tmp_path / "c.toml"
+    toml.write_text(
+        'concurrency = 2\nvirtual = "sim"\nquiet = true\nsession-header = "x-a"\n'
+    )
+    out = tmp_path / "run"
+    res = _cli(
+        "run", str(_trace(tmp_path)), "--config", str(toml), "--session-rate", "50",
+        "--session-routing", "dynamo", "--out", str(out),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    cfg = _config(out)
+    assert cfg["schedule"]["kind"] == "session_rate"
+    assert cfg["session_header"] == "x-dynamo-session-id"
+    assert cfg["virtual"] == "sim"  # not contradicted: kept
