@@ -407,7 +407,7 @@ _TYPED = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
 # value it then takes.
 _CHOICES: tuple[dict[str, Any], ...] = (
     {"endpoint": None, "virtual": None, "model": None},
-    {"concurrency": None, "levels": None, "session_rate": None, "timestamps": False},
+    {"concurrency": None, "session_rate": None, "timestamps": False},
     {"workers": 1, "ray_address": None, "ray_workers": None},
     {"session_header": None, "session_routing": None},
 )
