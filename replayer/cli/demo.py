@@ -87,7 +87,8 @@ def run_demo(
 )
 @click.option("--sessions", type=SESSIONS, default=6, show_default=True)
 @click.option("--concurrency", type=LANES, default=4, show_default=True)
-@replay_options(think_scale=0.1, sim_args=shlex.join(_SIM_ARGS))
+# The built-in simulator unless --endpoint is typed: REPLAYER_ENDPOINT is not read.
+@replay_options(env=False, think_scale=0.1, sim_args=shlex.join(_SIM_ARGS))
 def demo(out: Path, sessions: int, concurrency: int, **opts: Any) -> None:
     """Generate a small AgentX-like trace, replay it against the built-in simulator
     and print the P90 summary. Every option of `run` applies."""

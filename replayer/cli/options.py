@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def replay_options(**defaults: Any) -> Callable[[F], F]:
+def replay_options(*, env: bool = True, **defaults: Any) -> Callable[[F], F]:
     """The options shared by `run`, `sweep`, `capacity` and `demo`; ``defaults``:
-    the command's own defaults where they differ (demo's think scale), by name.
+    the command's own defaults where they differ (demo's think scale), by name;
+    ``env``: whether options read their environment variables (REPLAYER_ENDPOINT).
     The command gets them settled (:func:`settle`: a flag typed beats the
     `--config` file's values it contradicts)."""
 
@@ -49,6 +50,8 @@ def replay_options(**defaults: Any) -> Callable[[F], F]:
         for option in reversed(_options()):
             out = option(out)
         for param in out.__click_params__:
+            if not env:
+                param.envvar = None
             if param.name in defaults:
                 param.default = defaults[param.name]
                 param.show_default = True
@@ -416,8 +419,8 @@ _CHOICES: tuple[dict[str, Any], ...] = (
 def settle(opts: dict[str, Any]) -> dict[str, Any]:
     """``opts`` with the command line winning over a --config file: a file's value
     of a choice (:data:`_CHOICES`) is dropped when the command line chose otherwise
-    (``--model`` stays with a typed ``--endpoint`` only when typed too), and a
-    file's ``--sim-args`` when the run goes to an endpoint."""
+    (``--model`` stays with a typed ``--endpoint`` only when typed too), and
+    ``--sim-args`` not typed when the run goes to an endpoint."""
     ctx = click.get_current_context()
     out = dict(opts)
     for choice in _CHOICES:
@@ -428,8 +431,8 @@ def settle(opts: dict[str, Any]) -> dict[str, Any]:
         for name in names:
             if name not in typed and _from_file(ctx, name):
                 out[name] = choice[name]
-    if out.get("endpoint") and _from_file(ctx, "sim_args"):
-        out["sim_args"] = ()
+    if out.get("endpoint") and ctx.get_parameter_source("sim_args") not in _TYPED:
+        out["sim_args"] = ()  # the file's or the command's: no simulator runs
     return out
 
 

@@ -29,8 +29,8 @@ def _trace(tmp_path: Path) -> Path:
     return write_trace(trace, tmp_path / "t.jsonl")
 
 
-def _invoke(*args: str) -> None:
-    res = CliRunner().invoke(main, list(args))
+def _invoke(*args: str, env: dict[str, str] | None = None) -> None:
+    res = CliRunner(env=env).invoke(main, list(args))
     assert res.exit_code == 0, res.output
 
 
@@ -53,9 +53,12 @@ def _run_config(tmp_path: Path, command: str, *extra: str) -> dict[str, Any]:
         )  # fmt: skip
         found = sorted(out.glob("*/run.json"))
     else:
+        # The demo replays where it says: REPLAYER_ENDPOINT is `run`'s (and the
+        # studies'), not the demo's.
         _invoke(
-            "demo", "--sessions", "2", "--concurrency", "2", "--out", str(out), *extra
-        )
+            "demo", "--sessions", "2", "--concurrency", "2", "--out", str(out),
+            *extra, env={"REPLAYER_ENDPOINT": "http://127.0.0.1:9"},
+        )  # fmt: skip
         found = sorted(out.glob("runs/*/run.json"))
     assert len(found) == 1, found
     config: dict[str, Any] = json.loads(found[0].read_text())["config"]
