@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from analysis.compare import compare_runs
 from analysis.errors import AnalysisError, SloError
-from analysis.load import Run, Sweep, load_run, load_runs, load_sweep
+from analysis.load import Run, Sweep, load_run, load_sweep
 from analysis.metrics import Slo, parse_slo, percentile
 from analysis.sessions import session_trees
 from analysis.summary import Summary, summarize
@@ -22,7 +22,6 @@ __all__ = [
     "Sweep",
     "compare_runs",
     "load_run",
-    "load_runs",
     "load_sweep",
     "pareto_front",
     "parse_slo",

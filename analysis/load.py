@@ -271,19 +271,6 @@ def load_capacity(path: str | Path) -> dict[str, Any] | None:
     return doc
 
 
-def load_runs(
-    paths: Sequence[str | Path], *, columns: Sequence[str] | None = None
-) -> list[Run]:
-    """Load several run directories; a sweep folder contributes all its levels."""
-    runs: list[Run] = []
-    for p in paths:
-        if is_sweep(p):
-            runs.extend(load_sweep(p, columns=columns).runs)
-        else:
-            runs.append(load_run(p, columns=columns))
-    return runs
-
-
 def load_trace_for(run: Run, trace_path: str | Path | None = None) -> Trace:
     """The trace a run replayed: ``trace_path``, else run.json's ``trace.path``.
 

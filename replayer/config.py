@@ -231,7 +231,8 @@ class ReplayConfig:
     # one per lane).
     ray_address: str | None = None
     ray_workers: int | None = None
-    # The AgentX protocol (issue #13); `--profile agentx` sets the defaults below.
+    # The AgentX protocol (docs/agentx.md); the CLI's `--profile agentx` sets its
+    # parts' defaults.
     profile: Profile | None = None  # the protocol whose defaults were applied
     # Each lane's first tree starts at a seeded point this far into its session
     # (fraction of its recorded duration); its prefix is primed with one
@@ -244,8 +245,6 @@ class ReplayConfig:
     on_error: OnError = "skip-session"  # what a failed request does to the run
     session_header: str | None = None  # HTTP header carrying the session identity
     session_id_scope: SessionIdScope = "tree"  # a subagent's identity: its root's
-    # The CLI's error gate (exit status 1 above it), recorded with the rest.
-    max_error_rate: float | None = None
     # Carry the model's real replies into the history (chat) instead of the
     # recorded ones: prompts then drift from the trace (reported per request).
     live_assistant: bool = False
@@ -308,20 +307,3 @@ class ReplayConfig:
         """Whether the run has a warm-up phase before its measured window (primers
         or a cache-pressure warm-up); --duration then counts from its end."""
         return self.start_ratio is not None or self.cache_warmup_s > 0
-
-
-# What `--profile agentx` sets; every one is also a flag of its own, and an
-# explicit flag wins. The README's "Reproducing an AgentX point" says where each
-# value comes from and where AIPerf's implementation differs.
-AGENTX_DEFAULTS: dict[str, Any] = {
-    "start_ratio": (0.25, 0.75),
-    "cache_warmup_s": 300.0,
-    "duration_s": 3600.0,
-    "idle_skip_s": 10.0,
-    "loop": True,
-    "on_error": "continue",
-    "think_scale": 1.0,
-    "max_error_rate": 0.10,
-    "api": "chat",
-    "replay_markers": True,
-}

@@ -1,20 +1,26 @@
 """Fakes for tests: a real (in-process, loopback) OpenAI-compatible server with exact
 timing and injectable quirks (not a mock of aiohttp), and, for engine tests in virtual
 time, a FakeClock and a FakeChatClient that fill the engine's Clock and ChatClient
-seams."""
+seams, and a virtual-time replay built on them (engine_config, replay_in_fakes)."""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from aiohttp import web
 
+from replayer.config import EndpointConfig, ReplayConfig
 from replayer.play.client import Outcome
+from replayer.play.progress import RunSummary
+from traces.materialize import PromptConfig
+from traces.model import Trace
 
 
 @dataclass
@@ -250,3 +256,60 @@ class FakeChatClient:
         finally:
             self.active -= 1
         return out
+
+
+@dataclass
+class FakeRun:
+    """A finished virtual-time replay: its rows (sorted by start), summary, client."""
+
+    rows: pd.DataFrame
+    summary: RunSummary
+    client: FakeChatClient
+    run_dir: Path
+
+
+def engine_config(url: str = "http://127.0.0.1:9", **kw: Any) -> ReplayConfig:
+    """A ReplayConfig for tests: salt "test", no scraping, rare flushes."""
+    api = kw.pop("api", "completions")
+    return ReplayConfig(
+        endpoint=EndpointConfig(
+            base_url=url, model="fake-model", api=api, api_key=kw.pop("api_key", None)
+        ),
+        prompt=PromptConfig(api=api, salt="test"),
+        flush_interval_s=kw.pop("flush_interval_s", 60.0),
+        scrape_interval_s=0.0,
+        **kw,
+    )
+
+
+ReplayFake = Callable[..., Awaitable[FakeRun]]
+
+
+def replay_in_fakes(folder: Path) -> ReplayFake:
+    """``await run(trace, client=dict(...), **config)`` → FakeRun: a replay in
+    virtual time (FakeClock + FakeChatClient, no HTTP) writing a real run directory
+    under ``folder``."""
+    from replayer.runner.local import replay_trace
+
+    runs = iter(range(1_000))
+
+    async def run(
+        trace: Trace, *, client: dict[str, Any] | None = None, **config: Any
+    ) -> FakeRun:
+        clock = FakeClock()
+        fake = FakeChatClient(clock, **(client or {}))
+        run_dir = folder / f"run{next(runs)}"
+        summary = await replay_trace(
+            trace, engine_config(**config), run_dir, clock=clock, client=fake
+        )
+        rows = pd.read_parquet(run_dir / "requests").sort_values(
+            ["start_ns", "session_id", "request_index"], na_position="last"
+        )
+        return FakeRun(
+            rows=rows.reset_index(drop=True),
+            summary=summary,
+            client=fake,
+            run_dir=run_dir,
+        )
+
+    return run

@@ -337,7 +337,7 @@ def _cheap(command: str, given: set[str], world: World) -> list[tuple[str, ...]]
         if flag not in given:
             out.append((flag, *value))
 
-    if command in ("run", "sweep", "capacity"):
+    if command in ("run", "sweep", "capacity", "demo"):
         default("--quiet")
         if "--endpoint" not in given:
             default("--virtual", "sim")
@@ -350,7 +350,6 @@ def _cheap(command: str, given: set[str], world: World) -> list[tuple[str, ...]]
     if command == "demo":
         default("--sessions", "1")
         default("--concurrency", "1")
-        default("--quiet")
     if command == "generate":
         default("--sessions", "2")
     if command == "sim":

@@ -98,12 +98,7 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
     if looks_like_mooncake(first):
         return _parse_mooncake(path, data, problems), "mooncake"
     sessions: list[Session] = []
-    for lineno, line in _lines(data):
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            problems.append(_json_error(path, lineno, exc))
-            continue
+    for lineno, obj in _json_lines(path, data, problems):
         session, probs = parse_session(
             obj, path=path, line=lineno, fallback_id=f"{path.stem}-{lineno}"
         )
@@ -138,20 +133,25 @@ def _parse_session_list(
     return sessions
 
 
-def _lines(data: bytes) -> Iterator[tuple[int, bytes]]:
-    for i, line in enumerate(data.split(b"\n"), start=1):
-        if line.strip():
-            yield i, line
-
-
-def _parse_mooncake(path: Path, data: bytes, problems: list[Problem]) -> list[Session]:
-    items: list[tuple[str | None, float, Request]] = []
-    for lineno, line in _lines(data):
+def _json_lines(
+    path: Path, data: bytes, problems: list[Problem]
+) -> Iterator[tuple[int, object]]:
+    """Each non-blank line's JSON value with its line number; a line that is not
+    JSON is a problem, and the next one is read."""
+    for lineno, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             problems.append(_json_error(path, lineno, exc))
             continue
+        yield lineno, obj
+
+
+def _parse_mooncake(path: Path, data: bytes, problems: list[Problem]) -> list[Session]:
+    items: list[tuple[str | None, float, Request]] = []
+    for lineno, obj in _json_lines(path, data, problems):
         item, probs = parse_mooncake_line(obj, path=path, line=lineno)
         problems.extend(probs)
         if item is not None:

@@ -45,15 +45,12 @@ def _ordered_ranges(session: Session) -> Iterator[_Range]:
 
 
 def _namespaces(trace: Trace) -> Iterable[list[_Range]]:
-    global_ns: list[_Range] = []
+    """Each cache namespace's requests in the trace's order; the namespace is the
+    model's (``Session.hash_namespace``, as the replayer and analysis use)."""
+    by_namespace: dict[str, list[_Range]] = {}
     for root in trace.sessions:
-        ordered = list(_ordered_ranges(root))
-        if root.hash_id_scope == "global":
-            global_ns.extend(ordered)
-        else:
-            yield ordered
-    if global_ns:
-        yield global_ns
+        by_namespace.setdefault(root.hash_namespace(), []).extend(_ordered_ranges(root))
+    return by_namespace.values()
 
 
 def _runs(blocks: HashIds) -> tuple[list[int], list[int]]:

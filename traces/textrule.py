@@ -72,11 +72,6 @@ def text_to_token_ids(text: str) -> list[int]:
     return [token_for_word(w) for w in text.split()]
 
 
-def count_text_tokens(text: str) -> int:
-    """Number of tokens in ``text`` under the rule."""
-    return len(text.split())
-
-
 def chat_to_token_ids(messages: Sequence[Mapping[str, object]]) -> list[int]:
     """Token ids of a chat prompt: per message, its role token then its content.
 

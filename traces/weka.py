@@ -101,33 +101,54 @@ def _is_num(v: object) -> bool:
     return (isinstance(v, int | float) and not isinstance(v, bool)) and math.isfinite(v)
 
 
-def _count(ctx: _Ctx, obj: Mapping[str, Any], key: str, index: str | None) -> int:
+def _count(
+    ctx: _Ctx,
+    obj: Mapping[str, Any],
+    key: str,
+    index: str | None,
+    *,
+    required: bool = True,
+) -> int | None:
+    """A count (tokens, tool uses) in [0, MAX_TOKENS]; a problem, and 0 (None when
+    optional), if it is not one."""
     v = obj.get(key)
+    bad = 0 if required else None
     if v is None:
-        ctx.add(index, key, "missing")
-        return 0
+        if required:
+            ctx.add(index, key, "missing")
+        return bad
     if not _is_int(v):
         ctx.add(index, key, f"expected an integer, got {type(v).__name__} {v!r:.40}")
-        return 0
+        return bad
     if v < 0:
         ctx.add(index, key, f"must be >= 0 (got {v})")
-        return 0
+        return bad
     if v > MAX_TOKENS:
         ctx.add(index, key, f"must be <= {MAX_TOKENS:,} (got {v})")
-        return 0
+        return bad
     return int(v)
 
 
-def _opt_num(
-    ctx: _Ctx, obj: Mapping[str, Any], key: str, index: str | None
+def _number(
+    ctx: _Ctx,
+    obj: Mapping[str, Any],
+    key: str,
+    index: str | None,
+    *,
+    required: bool = False,
+    signed: bool = False,
 ) -> float | None:
+    """A finite number (seconds, ms; >= 0 unless ``signed``); a problem, and None,
+    if it is not one (a missing one is a problem only when ``required``)."""
     v = obj.get(key)
     if v is None:
+        if required:
+            ctx.add(index, key, "missing")
         return None
     if not _is_num(v):
         ctx.add(index, key, f"expected a number, got {type(v).__name__} {v!r:.40}")
         return None
-    if v < 0:
+    if v < 0 and not signed:
         ctx.add(index, key, f"must be >= 0 (got {v})")
         return None
     return float(v)
@@ -203,26 +224,20 @@ def _parse_request(
     ctx: _Ctx, obj: Mapping[str, Any], index: str, block_size: int
 ) -> Request:
     n_problems = len(ctx.problems)
-    in_tokens = _count(ctx, obj, "in", index)
+    in_tokens = _count(ctx, obj, "in", index) or 0
     in_ok = len(ctx.problems) == n_problems
-    out_tokens = _count(ctx, obj, "out", index)
-    t = obj.get("t")
-    if t is None:
-        ctx.add(index, "t", "missing")
-        t = 0.0
-    elif not _is_num(t):
-        ctx.add(index, "t", f"expected a number, got {type(t).__name__}")
-        t = 0.0
+    out_tokens = _count(ctx, obj, "out", index) or 0
+    t = _number(ctx, obj, "t", index, required=True, signed=True) or 0.0
     kind = obj.get("type")
     extra = {k: v for k, v in obj.items() if k not in _REQUEST_KEYS}
     return Request(
         input_tokens=in_tokens,
         output_tokens=out_tokens,
         hash_ids=_hash_ids(ctx, obj, index, in_tokens if in_ok else None, block_size),
-        t_s=float(t),
-        think_time_s=_opt_num(ctx, obj, "think_time", index) or 0.0,
-        api_time_s=_opt_num(ctx, obj, "api_time", index),
-        ttft_s=_opt_num(ctx, obj, "ttft", index),
+        t_s=t,
+        think_time_s=_number(ctx, obj, "think_time", index) or 0.0,
+        api_time_s=_number(ctx, obj, "api_time", index),
+        ttft_s=_number(ctx, obj, "ttft", index),
         kind=str(kind),
         model=_opt_str(ctx, obj, "model", index),
         stop=_opt_str(ctx, obj, "stop", index),
@@ -277,28 +292,18 @@ def _parse_entries(
                     agent_id=sub[1],
                     t_s=float(entry["t"]) if _is_num(entry.get("t")) else 0.0,
                     subagent_type=_opt_str(ctx, entry, "subagent_type", label),
-                    duration_ms=_opt_num(ctx, entry, "duration_ms", label),
-                    total_tokens=_opt_int(ctx, entry, "total_tokens", label),
-                    tool_use_count=_opt_int(ctx, entry, "tool_use_count", label),
+                    duration_ms=_number(ctx, entry, "duration_ms", label),
+                    total_tokens=_count(
+                        ctx, entry, "total_tokens", label, required=False
+                    ),
+                    tool_use_count=_count(
+                        ctx, entry, "tool_use_count", label, required=False
+                    ),
                     status=_opt_str(ctx, entry, "status", label),
                     extra={k: v for k, v in entry.items() if k not in _SUBAGENT_KEYS},
                 )
             )
     return requests, subagents
-
-
-def _opt_int(
-    ctx: _Ctx, obj: Mapping[str, Any], key: str, index: str | None
-) -> int | None:
-    v = obj.get(key)
-    if v is None:
-        return None
-    if not _is_int(v) or not 0 <= v <= MAX_TOKENS:
-        ctx.add(
-            index, key, f"expected an integer in [0, {MAX_TOKENS:,}], got {v!r:.40}"
-        )
-        return None
-    return int(v)
 
 
 def _parse_subagent(
@@ -327,8 +332,8 @@ def _parse_subagent(
         block_size=block_size,
         hash_id_scope="local",
         models=_str_list(ctx, entry, "models", label),
-        tool_tokens=_opt_int(ctx, entry, "tool_tokens", label),
-        system_tokens=_opt_int(ctx, entry, "system_tokens", label),
+        tool_tokens=_count(ctx, entry, "tool_tokens", label, required=False),
+        system_tokens=_count(ctx, entry, "system_tokens", label, required=False),
     )
     return session, agent_id
 
@@ -378,8 +383,8 @@ def parse_session(
         hash_id_scope=scope,
         start_s=None if start is None else float(start),
         models=_str_list(ctx, obj, "models", None),
-        tool_tokens=_opt_int(ctx, obj, "tool_tokens", None),
-        system_tokens=_opt_int(ctx, obj, "system_tokens", None),
+        tool_tokens=_count(ctx, obj, "tool_tokens", None, required=False),
+        system_tokens=_count(ctx, obj, "system_tokens", None, required=False),
         extra=extra,
     )
     totals = obj.get("totals")

@@ -11,7 +11,9 @@ from typing import Any
 
 import click
 
+from replayer.cli.config_file import config_option
 from replayer.cli.errors import errors_as_messages, interrupted
+from replayer.cli.options import replay_config, replay_options
 from replayer.cli.params import (
     LANES,
     MAX_FACTOR,
@@ -20,13 +22,6 @@ from replayer.cli.params import (
     Quantity,
     count,
     parse_slo_option,
-)
-from replayer.cli.run import (
-    _check_ray,
-    _reject_idle_flags,
-    _replay_options,
-    apply_profile,
-    build_config,
 )
 
 
@@ -141,6 +136,7 @@ def format_capacity(doc: dict[str, Any]) -> str:
 @click.argument(
     "trace_path", metavar="TRACE", type=click.Path(exists=True, path_type=Path)
 )
+@config_option
 @click.option(
     "--slo",
     "slo",
@@ -218,7 +214,7 @@ def format_capacity(doc: dict[str, Any]) -> str:
     "beside measured.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print capacity.json's content.")
-@_replay_options
+@replay_options()
 def capacity(
     trace_path: Path,
     slo: Any,
@@ -256,12 +252,7 @@ def capacity(
     rate = opts["session_rate"] is not None
     live_endpoint = _confirm_endpoint(confirm, opts)
     with errors_as_messages():
-        _check_ray(opts)
-        _reject_idle_flags(opts)
-        opts = apply_profile(opts)  # as run and sweep do: AgentX cells are AgentX
-        config = build_config(
-            opts, endpoint=opts["endpoint"], model=opts["model"], concurrency=None
-        )
+        config, opts = replay_config(opts, concurrency=None)
         search = CapacitySearch(
             slo=slo,
             percentile=percentile,

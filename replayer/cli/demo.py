@@ -3,13 +3,21 @@ P90 summary. Everything a first-time user needs to see the tool work, on a lapto
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from replayer.cli.errors import errors_as_messages, interrupted
+from replayer.cli.options import replay_config, replay_options
 from replayer.cli.params import LANES, SESSIONS
+from replayer.cli.run import gate
+
+if TYPE_CHECKING:
+    from replayer.config import ReplayConfig
+    from replayer.play.progress import RunSummary
 
 # The simulator runs 20x faster than one modeled GPU so the demo takes seconds.
 _SIM_ARGS = (
@@ -22,29 +30,22 @@ _SIM_ARGS = (
 )
 
 
-def run_demo(out: Path, *, sessions: int, concurrency: int, quiet: bool) -> str:
-    """Run the demo into ``out``; return the text to print."""
+def run_demo(
+    out: Path, *, sessions: int, config: ReplayConfig, quiet: bool
+) -> tuple[str, RunSummary]:
+    """Run the demo into ``out``; return the text to print and the run's summary."""
     from analysis import load_run, summarize
     from analysis.text import format_summaries
-    from replayer.config import EndpointConfig, Lanes, ReplayConfig
     from replayer.launch import replay
     from replayer.records.rundir import new_run_id
     from traces.generate import PRESETS, generate_trace
     from traces.io import write_trace
-    from traces.materialize import PromptConfig
 
     out.mkdir(parents=True, exist_ok=True)
     trace = generate_trace(PRESETS["demo"], sessions=sessions, seed=0)
     trace_path = write_trace(trace, out / "trace.jsonl")
     run_id = new_run_id()
     run_dir = out / "runs" / run_id
-    config = ReplayConfig(
-        endpoint=EndpointConfig(model="sim", api="completions"),  # the built-in sim
-        prompt=PromptConfig(api="completions", salt=run_id),
-        schedule=Lanes(concurrency=concurrency),
-        think_scale=0.1,
-        sim_args=_SIM_ARGS,
-    )
     try:
         summary = replay(
             trace_path,
@@ -56,10 +57,16 @@ def run_demo(out: Path, *, sessions: int, concurrency: int, quiet: bool) -> str:
     except KeyboardInterrupt:
         interrupted(run_dir)
     table = format_summaries([summarize(load_run(run_dir)).as_dict()])
-    return "\n".join(
+    if config.virtual is not None:
+        against = f"virtual time, engine model {config.virtual}"
+    elif config.endpoint.base_url is None:
+        against = "simulated endpoint"
+    else:
+        against = "endpoint from --endpoint"
+    text = "\n".join(
         [
             f"trace: {trace_path} ({len(trace)} sessions, "
-            f"{trace.request_count()} requests; simulated endpoint)",
+            f"{trace.request_count()} requests; {against})",
             summary.one_line(),
             "",
             table,
@@ -67,6 +74,7 @@ def run_demo(out: Path, *, sessions: int, concurrency: int, quiet: bool) -> str:
             f"analyze again: replayer analyze {run_dir}",
         ]
     )
+    return text, summary
 
 
 @click.command()
@@ -79,10 +87,15 @@ def run_demo(out: Path, *, sessions: int, concurrency: int, quiet: bool) -> str:
 )
 @click.option("--sessions", type=SESSIONS, default=6, show_default=True)
 @click.option("--concurrency", type=LANES, default=4, show_default=True)
-@click.option("--quiet", is_flag=True, help="No progress line.")
-def demo(out: Path, sessions: int, concurrency: int, quiet: bool) -> None:
+# The built-in simulator unless --endpoint is typed: REPLAYER_ENDPOINT is not read.
+@replay_options(env=False, think_scale=0.1, sim_args=shlex.join(_SIM_ARGS))
+def demo(out: Path, sessions: int, concurrency: int, **opts: Any) -> None:
     """Generate a small AgentX-like trace, replay it against the built-in simulator
-    and print the P90 summary."""
+    and print the P90 summary. Every option of `run` applies."""
     with errors_as_messages():
-        text = run_demo(out, sessions=sessions, concurrency=concurrency, quiet=quiet)
+        config, opts = replay_config(opts, concurrency=concurrency)
+        text, summary = run_demo(
+            out, sessions=sessions, config=config, quiet=opts["quiet"]
+        )
     click.echo(text)
+    gate([summary], opts["max_error_rate"])

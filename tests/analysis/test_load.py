@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from analysis.errors import AnalysisError
-from analysis.load import load_run, load_runs, load_sweep
+from analysis.load import load_run, load_sweep
 from replayer.records import RECORD_SCHEMA, ModeInfo, RequestRecord, RunMeta
 
 
@@ -136,19 +136,16 @@ def test_load_run_zero_rows(tmp_path: Path, make_run_dir: Callable[..., Path]) -
     assert list(run.requests.columns) == RECORD_SCHEMA.names
 
 
-def test_load_sweep_and_runs(
+def test_load_sweep(
     tmp_path: Path,
     rec: Callable[..., RequestRecord],
     make_sweep_dir: Callable[..., Path],
-    make_run_dir: Callable[..., Path],
 ) -> None:
     sweep = make_sweep_dir(tmp_path / "sw", {"c1": [rec()], "c2": [rec(), rec()]})
     loaded = load_sweep(sweep)
     assert loaded.levels == ("c1", "c2")
     assert [len(r.requests) for r in loaded.runs] == [1, 2]
     assert loaded.runs[1].meta.mode.concurrency == 2
-    single = make_run_dir(tmp_path / "one", [rec()])
-    assert [r.name for r in load_runs([sweep, single])] == ["c1", "c2", "one"]
     (sweep / "sweep.json").write_text(json.dumps({"levels": "c1"}))
     with pytest.raises(AnalysisError, match=r"sweep\.json"):
         load_sweep(sweep)

@@ -28,8 +28,13 @@ from replayer.play.session import start_index
 from replayer.records import RunMeta
 from replayer.runner.local import replay_trace
 from tests.builders import request, session, trace_of
-from tests.fakes import FakeChatClient, FakeClock, FakeLLM, make_fake_llm_app
-from tests.replayer.conftest import engine_config
+from tests.fakes import (
+    FakeChatClient,
+    FakeClock,
+    FakeLLM,
+    engine_config,
+    make_fake_llm_app,
+)
 from traces.io import read_trace
 from traces.model import Session, Trace
 

@@ -41,7 +41,7 @@ def test_cli_agentx_profile_resolves_into_run_json(tmp_path: Path) -> None:
     assert cfg["start_ratio"] == [0.25, 0.75]
     assert cfg["idle_skip_s"] == 10.0
     assert cfg["loop"] is True
-    assert cfg["max_error_rate"] == 0.10
+    assert "max_error_rate" not in cfg  # the CLI's gate, not the replay's config
     assert cfg["endpoint"]["api"] == "chat"
     assert cfg["prompt"]["replay_markers"] is True
     # ... and the flags given explicitly, which win.

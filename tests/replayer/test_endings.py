@@ -21,8 +21,7 @@ from replayer.config import Lanes
 from replayer.play.client import READ_TIMEOUT, Outcome, ServerWatch
 from replayer.runner.local import replay_trace
 from tests.builders import growing_session, trace_of
-from tests.fakes import FakeChatClient, FakeClock
-from tests.replayer.conftest import engine_config
+from tests.fakes import FakeChatClient, FakeClock, engine_config
 from traces.io import write_trace
 
 REPLAYER = [sys.executable, "-m", "replayer"]

@@ -23,8 +23,7 @@ from replayer.launch import replay
 from replayer.records import RECORD_SCHEMA, RUN_METADATA_KEY, ModeInfo, RunMeta
 from replayer.runner.local import replay_trace
 from tests.builders import agent_tree, growing_session, trace_of
-from tests.fakes import FakeLLM, make_fake_llm_app
-from tests.replayer.conftest import engine_config
+from tests.fakes import FakeLLM, engine_config, make_fake_llm_app
 from traces.io import write_trace
 from traces.materialize import PromptConfig
 

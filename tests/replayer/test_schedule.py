@@ -9,7 +9,7 @@ from replayer.config import Lanes, RateArrivals, TraceTimestamps
 from replayer.play.phase import StopControl
 from replayer.play.schedule import shard
 from tests.builders import agent_tree, growing_session, trace_of
-from tests.replayer.conftest import ReplayFake
+from tests.fakes import ReplayFake
 
 MS = 1_000_000
 

@@ -21,7 +21,7 @@ from tests.builders import (
     subagent,
     trace_of,
 )
-from tests.replayer.conftest import ReplayFake
+from tests.fakes import ReplayFake
 from traces.materialize import Materializer, PromptConfig
 
 MS = 1_000_000
@@ -292,8 +292,7 @@ async def test_status_line_p90_is_over_the_measured_window_only(
 
     from replayer.play.progress import Progress, RunCounters
     from replayer.runner.local import replay_trace
-    from tests.fakes import FakeChatClient, FakeClock
-    from tests.replayer.conftest import engine_config
+    from tests.fakes import FakeChatClient, FakeClock, engine_config
 
     class SlowFirst(FakeChatClient):
         async def send(self, body, out=None, *, headers=None):  # type: ignore[no-untyped-def]

@@ -14,8 +14,7 @@ from replayer.config import Lanes
 from replayer.runner.local import replay_trace
 from replayer.runner.vloop import VirtualClock, VirtualLoop, VirtualStall, run_virtual
 from tests.builders import growing_session, trace_of
-from tests.fakes import FakeChatClient
-from tests.replayer.conftest import engine_config
+from tests.fakes import FakeChatClient, engine_config
 
 
 def test_vloop_clock_sleeps_end_on_their_nanosecond() -> None:

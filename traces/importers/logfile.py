@@ -67,10 +67,6 @@ class ImportReport:
             entry.count += 1
         self.skipped_by_file.setdefault(path, Counter())[reason] += 1
 
-    def skipped_total(self) -> int:
-        """All skipped records."""
-        return sum(s.count for s in self.skipped.values())
-
     def summary_lines(self) -> list[str]:
         """One line per skip reason, most frequent first."""
         items = sorted(self.skipped.items(), key=lambda kv: (-kv[1].count, kv[0]))
