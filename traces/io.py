@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from traces.burstgpt import looks_like_burstgpt, read_burstgpt
 from traces.errors import Problem, TraceError, TraceFormatError
 from traces.model import Request, Session, Trace
 from traces.mooncake import build_sessions, looks_like_mooncake, parse_mooncake_line
-from traces.source import read_file_bytes
+from traces.source import file_lines, read_file_bytes
 from traces.weka import parse_session, session_to_dict
 
 _NOT_ONE_DOCUMENT = object()
@@ -62,19 +63,31 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
         from traces.store import read_store
 
         return list(read_store(path).sessions), "parquet"
+    with file_lines(path) as lines:
+        head = next(((n, line) for n, line in lines if line.strip()), None)
+        if head is None:
+            problems.append(Problem(path=path, reason="empty file"))
+            return [], "weka"
+        first_line = head[1].strip()
+        if looks_like_burstgpt(first_line):
+            return _parse_other(read_burstgpt, path, problems), "burstgpt"
+        try:
+            first = orjson.loads(first_line)
+        except orjson.JSONDecodeError:
+            first = _NOT_ONE_DOCUMENT
+        if first is not _NOT_ONE_DOCUMENT:
+            second = next(((n, line) for n, line in lines if line.strip()), None)
+            if second is not None:
+                # One JSON value a line: read line by line, as the file streams.
+                rest = itertools.chain([second], lines)
+                return _parse_jsonl(path, (head[0], first), rest, problems)
+    # One document (pretty-printed, or alone on its line), or not JSON at all.
     data = read_file_bytes(path)
-    stripped = data.lstrip()
-    if not stripped:
-        problems.append(Problem(path=path, reason="empty file"))
-        return [], "weka"
-    first_line = stripped.split(b"\n", 1)[0]
-    if looks_like_burstgpt(first_line):
-        return _parse_other(read_burstgpt, path, problems), "burstgpt"
-    whole_error: orjson.JSONDecodeError | None = None
     try:
         whole = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        whole, whole_error = _NOT_ONE_DOCUMENT, exc
+        problems.append(_json_error(path, exc.lineno, exc))
+        return [], "native"
     if isinstance(whole, dict) and not looks_like_mooncake(whole):
         # One session per file (the Weka corpus layout), pretty-printed or not.
         session, probs = parse_session(
@@ -84,21 +97,31 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
         return ([session] if session else []), "weka"
     if isinstance(whole, list):
         return _parse_session_list(path, whole, problems), "weka"
-    try:
-        first = orjson.loads(first_line)
-    except orjson.JSONDecodeError as line_error:
-        # Not JSONL either: one (pretty-printed) document, whose own error has the
-        # line that is really wrong.
-        err = whole_error or line_error
-        problems.append(_json_error(path, err.lineno, err))
-        return [], "native"
+    return _parse_jsonl(path, (head[0], whole), iter(()), problems)
+
+
+def _parse_jsonl(
+    path: Path,
+    first: tuple[int, object],
+    rest: Iterator[tuple[int, bytes]],
+    problems: list[Problem],
+) -> tuple[list[Session], str]:
+    """JSON Lines, the first line's value already read: Bailian, Mooncake or native
+    sessions, by that first value."""
     # Bailian rows carry Mooncake's timestamp and input_length too: asked first.
-    if looks_like_bailian(first):
+    if looks_like_bailian(first[1]):
         return _parse_other(read_bailian, path, problems), "bailian"
-    if looks_like_mooncake(first):
-        return _parse_mooncake(path, data, problems), "mooncake"
+    values = itertools.chain([first], _json_lines(path, rest, problems))
+    if looks_like_mooncake(first[1]):
+        items: list[tuple[str | None, float, Request]] = []
+        for lineno, obj in values:
+            item, probs = parse_mooncake_line(obj, path=path, line=lineno)
+            problems.extend(probs)
+            if item is not None:
+                items.append(item)
+        return build_sessions(items), "mooncake"
     sessions: list[Session] = []
-    for lineno, obj in _json_lines(path, data, problems):
+    for lineno, obj in values:
         session, probs = parse_session(
             obj, path=path, line=lineno, fallback_id=f"{path.stem}-{lineno}"
         )
@@ -134,11 +157,11 @@ def _parse_session_list(
 
 
 def _json_lines(
-    path: Path, data: bytes, problems: list[Problem]
+    path: Path, lines: Iterator[tuple[int, bytes]], problems: list[Problem]
 ) -> Iterator[tuple[int, object]]:
     """Each non-blank line's JSON value with its line number; a line that is not
     JSON is a problem, and the next one is read."""
-    for lineno, line in enumerate(data.split(b"\n"), start=1):
+    for lineno, line in lines:
         if not line.strip():
             continue
         try:
@@ -147,16 +170,6 @@ def _json_lines(
             problems.append(_json_error(path, lineno, exc))
             continue
         yield lineno, obj
-
-
-def _parse_mooncake(path: Path, data: bytes, problems: list[Problem]) -> list[Session]:
-    items: list[tuple[str | None, float, Request]] = []
-    for lineno, obj in _json_lines(path, data, problems):
-        item, probs = parse_mooncake_line(obj, path=path, line=lineno)
-        problems.extend(probs)
-        if item is not None:
-            items.append(item)
-    return build_sessions(items)
 
 
 def check_trace(path: Path) -> tuple[Trace | None, list[Problem]]:
