@@ -226,12 +226,12 @@ def _no_metrics_reason(meta: RunMeta) -> str:
         if not meta.complete:
             return "no server metrics: none flushed before the run stopped"
         return "no server metrics recorded"
-    if account.get("available") is False:
-        return f"no server metrics: {account.get('url')} serves no Prometheus text"
-    if not account.get("scrapes"):
+    if account.available is False:
+        return f"no server metrics: {account.url} serves no Prometheus text"
+    if not account.scrapes:
         return "no server metrics: no scrape succeeded"
     return (
-        f"no server metrics: {account['scrapes']} scrapes were taken, but "
+        f"no server metrics: {account.scrapes} scrapes were taken, but "
         "server_metrics.parquet is missing"
     )
 

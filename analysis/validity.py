@@ -97,7 +97,7 @@ def window(df: pd.DataFrame, meta: RunMeta) -> dict[str, float]:
     - its start) / its length."""
     start = meta.measure_start_ns / 1e9
     if meta.protocol is not None:
-        length = meta.protocol.get("window_s")
+        length = meta.protocol.window_s
     elif meta.duration_limit_s is not None:  # older runs: from the run's start
         length = meta.duration_limit_s - start
     else:
@@ -143,13 +143,13 @@ def verdict(df: pd.DataFrame, meta: RunMeta) -> dict[str, Any]:
     ok = int((m.has_status(df, "ok") & measured).sum())
     failed = int((m.has_status(df, *FAILED_STATUSES) & measured).sum())
     error_rate = failed / (ok + failed) if ok + failed else math.nan
-    protocol = meta.protocol or {}
+    protocol = meta.protocol
     reasons = []
-    if protocol.get("profile") != "agentx":
+    if protocol is None or protocol.profile != "agentx":
         reasons.append("not_agentx_profile")
     if not meta.complete or meta.interrupted:
         reasons.append("run_cancelled")
-    if protocol.get("aborted"):
+    if protocol is not None and protocol.aborted:
         reasons.append("run_aborted")
     if overflow > MAX_CONTEXT_OVERFLOW:
         reasons.append("context_overflow_rate_exceeded")

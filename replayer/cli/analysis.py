@@ -192,7 +192,7 @@ def compare(
 
     with errors_as_messages():
         a, b = load_run(run_a), load_run(run_b)
-        profiles = [(r.meta.protocol or {}).get("profile") for r in (a, b)]
+        profiles = [r.meta.protocol and r.meta.protocol.profile for r in (a, b)]
         if profiles[0] != profiles[1]:
             click.echo(
                 f"warning: A ({run_a}) ran with profile {profiles[0] or 'none'}, B "

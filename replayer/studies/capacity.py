@@ -54,6 +54,7 @@ from replayer.config import Lanes, RateArrivals, ReplayConfig, public_url
 from replayer.errors import ConfigError
 from replayer.launch import replay, running_endpoint
 from replayer.play.client import Client
+from replayer.records import SimRecord
 from replayer.records.rundir import write_json_atomic
 from replayer.runner.local import run_async
 from replayer.studies.sweep import with_fresh_salt
@@ -299,7 +300,7 @@ def _play_cell(
     level: float,
     widened_from: str | None,
     progress: Any,
-    sim: dict[str, Any] | None,
+    sim: SimRecord | None,
 ) -> dict[str, Any]:
     """Replay one cell into ``run_dir`` and judge it: capacity.json's cell."""
     summary = replay(trace_path, config, run_dir, progress=progress, sim=sim)
@@ -315,8 +316,8 @@ def _play_cell(
         "pass": verdict["pass"] and not limited,
         "slo_pass": verdict["pass"],
         "client_limited": limited,
-        "client_reasons": list((summary.client_check or {}).get("reasons", []))
-        if limited
+        "client_reasons": list(summary.client_check.reasons)
+        if limited and summary.client_check is not None
         else [],
         "borderline": verdict["borderline"],
         "requests": summary.requests,
