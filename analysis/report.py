@@ -19,6 +19,8 @@ import pandas as pd
 
 from analysis import metrics as m
 from analysis.load import Run
+from analysis.results import CacheRates, as_json
+from analysis.summary import Summary
 from analysis.text import fmt_value, summary_rows
 
 _NS_PER_S = 1e9
@@ -316,30 +318,36 @@ def timeline_figure(run: Run) -> Any:
     return fig
 
 
-def hit_plot(summaries: Sequence[dict[str, Any]]) -> str:
+def hit_plot(summaries: Sequence[Summary]) -> str:
     """Ideal vs achieved prefix-cache hit rate per run (server, Prometheus, LRU):
     only the kinds some run has, each bar labelled with its value, and an axis
     zoomed to the values (96.3% beside 96.4% must read as different)."""
-    return _png(hit_figure(summaries))
+    return _png(hit_figure([(s.run.name, s.cache_hit_rate) for s in summaries]))
 
 
-def hit_figure(summaries: Sequence[dict[str, Any]]) -> Any:
-    """The figure of :func:`hit_plot`."""
+def _hit(rates: CacheRates, kind: str) -> float:
+    if kind == "lru":
+        return np.nan if rates.lru is None else rates.lru.hit_rate
+    value: float = getattr(rates, kind)
+    return value if _finite(value) else np.nan
+
+
+def hit_figure(runs: Sequence[tuple[str, CacheRates]]) -> Any:
+    """The figure of :func:`hit_plot`: each run's name and hit rates."""
     kinds = [
         kind
         for kind in ("ideal", "server", "prometheus", "lru")
-        if any(_finite(s["cache_hit_rate"].get(kind)) for s in summaries)
+        if any(_finite(_hit(rates, kind)) for _, rates in runs)
     ]
     fig, (ax,) = _figure()
     if not kinds:
         ax.set_title("Ideal (trace) vs achieved hit rate: no run has one")
         return fig
-    x = np.arange(len(summaries))
+    x = np.arange(len(runs))
     width = 0.8 / len(kinds)
     shown: list[float] = []
     for k, kind in enumerate(kinds):
-        vals = [s["cache_hit_rate"].get(kind) for s in summaries]
-        vals = [v if _finite(v) else np.nan for v in vals]
+        vals = [_hit(rates, kind) for _, rates in runs]
         bars = ax.bar(x + k * width, vals, width, label=kind)
         ax.bar_label(
             bars, labels=[f"{v:.1%}" if np.isfinite(v) else "" for v in vals],
@@ -347,7 +355,7 @@ def hit_figure(summaries: Sequence[dict[str, Any]]) -> Any:
         )  # fmt: skip
         shown += [v for v in vals if np.isfinite(v)]
     ax.set_xticks(x + width * (len(kinds) - 1) / 2)
-    ax.set_xticklabels([s["run"]["name"] for s in summaries])
+    ax.set_xticklabels([name for name, _ in runs])
     low, high = min(shown), max(shown)
     pad = max(0.01, (high - low) * 0.25)
     ax.set_ylim(max(0.0, low - pad), min(1.0, high + pad) + pad / 2)
@@ -365,22 +373,22 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and bool(np.isfinite(value))
 
 
-def position_plot(summary: dict[str, Any]) -> str:
+def position_plot(summary: Summary) -> str:
     """TTFT p90 and the prefix hit rates by turn bucket, for one run."""
-    rows = summary.get("by_turn") or []
+    rows = summary.by_turn
     fig, axes = _figure(rows=2, height=2.6)
-    labels = [str(r["group"]) for r in rows]
+    labels = [r.group for r in rows]
     x = np.arange(len(rows))
-    axes[0].plot(x, [r["ttft_ms_p90"] for r in rows], "o-", label="TTFT p90")
-    axes[0].plot(x, [r["ttft_ms_p50"] for r in rows], "o-", label="TTFT p50")
+    axes[0].plot(x, [r.ttft_ms_p90 for r in rows], "o-", label="TTFT p90")
+    axes[0].plot(x, [r.ttft_ms_p50 for r in rows], "o-", label="TTFT p50")
     axes[0].set_ylabel("ms")
-    axes[0].set_title(f"By turn within the session: {summary['run']['name']}")
+    axes[0].set_title(f"By turn within the session: {summary.run.name}")
     for key, label in (
         ("hit_rate_ideal", "ideal"),
         ("hit_rate_server", "server"),
         ("hit_rate_lru", "lru"),
     ):
-        vals = [r.get(key) for r in rows]
+        vals = [getattr(r, key) for r in rows]
         if any(_finite(v) for v in vals):
             axes[1].plot(
                 x, [v if _finite(v) else np.nan for v in vals], "o-", label=label
@@ -408,7 +416,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def render_html(
     runs: Sequence[Run],
-    summaries: Sequence[dict[str, Any]],
+    summaries: Sequence[Summary],
     *,
     sweep: pd.DataFrame | None = None,
     capacity: dict[str, Any] | None = None,
@@ -421,17 +429,17 @@ def render_html(
         "<h1>Agentic trace replay report</h1>",
     ]
     for s in summaries:
-        r = s["run"]
-        sim = " (simulated endpoint)" if r.get("simulated") else ""
+        r = s.run
+        sim = " (simulated endpoint)" if r.simulated else ""
         parts.append(
-            f"<p class='note'><b>{html.escape(r['name'])}</b>: model "
-            f"{html.escape(str(r.get('model')))} at "
-            f"{html.escape(str(r.get('endpoint')))}{sim}; mode "
-            f"{html.escape(json.dumps(r.get('mode')))}</p>"
+            f"<p class='note'><b>{html.escape(r.name)}</b>: model "
+            f"{html.escape(str(r.model))} at "
+            f"{html.escape(str(r.endpoint))}{sim}; mode "
+            f"{html.escape(json.dumps(as_json(r.mode)))}</p>"
         )
     rows = summary_rows(summaries)
     parts.append("<h2>Summary</h2>")
-    parts.append(_table(["", *(s["run"]["name"] for s in summaries)], rows))
+    parts.append(_table(["", *(s.run.name for s in summaries)], rows))
     parts.append("<h2>Latency</h2>")
     parts.append(cdf_plot(runs, "ttft_ms"))
     parts.append(cdf_plot(runs, "e2e_ms"))
@@ -470,22 +478,21 @@ def render_html(
     parts.append("<h2>By turn and subagent depth</h2>")
     for s in summaries:
         parts.append(position_plot(s))
-        for key, title in (("by_turn", "turn"), ("by_depth", "subagent depth")):
-            by: list[dict[str, Any]] = s.get(key) or []
-            lru = any("hit_rate_lru" in r for r in by)
+        for by, title in ((s.by_turn, "turn"), (s.by_depth, "subagent depth")):
+            lru = any(r.hit_rate_lru is not None for r in by)
             parts.append(
                 _table(
                     [title, "requests", "TTFT p50 (ms)", "TTFT p90 (ms)",
                      "E2E p90 (ms)", "hit server", "hit ideal",
                      *(["hit LRU"] if lru else [])],
                     [
-                        [str(r["group"]), fmt_value(r["requests"], "int"),
-                         fmt_value(r["ttft_ms_p50"], "num"),
-                         fmt_value(r["ttft_ms_p90"], "num"),
-                         fmt_value(r["e2e_ms_p90"], "num"),
-                         fmt_value(r["hit_rate_server"], "pct"),
-                         fmt_value(r["hit_rate_ideal"], "pct"),
-                         *([fmt_value(r.get("hit_rate_lru"), "pct")] if lru else [])]
+                        [r.group, fmt_value(r.requests, "int"),
+                         fmt_value(r.ttft_ms_p50, "num"),
+                         fmt_value(r.ttft_ms_p90, "num"),
+                         fmt_value(r.e2e_ms_p90, "num"),
+                         fmt_value(r.hit_rate_server, "pct"),
+                         fmt_value(r.hit_rate_ideal, "pct"),
+                         *([fmt_value(r.hit_rate_lru, "pct")] if lru else [])]
                         for r in by
                     ],
                 )

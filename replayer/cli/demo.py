@@ -55,7 +55,7 @@ def run_demo(out: Path, *, sessions: int, concurrency: int, quiet: bool) -> str:
         )
     except KeyboardInterrupt:
         interrupted(run_dir)
-    table = format_summaries([summarize(load_run(run_dir)).as_dict()])
+    table = format_summaries([summarize(load_run(run_dir))])
     return "\n".join(
         [
             f"trace: {trace_path} ({len(trace)} sessions, "

@@ -143,9 +143,9 @@ def test_miss_counts_only_shortfalls_beyond_one_server_block(
     run_dir = write_run_dir(tmp_path / "run", rows, server_metrics=[info])
     run = load_run(run_dir)
     misses = summarize(run).cache_misses
-    assert misses["tolerance_tokens"] == 16
-    assert misses["requests_with_miss"] == 1
-    assert misses["missed_tokens"] == 20
+    assert misses.tolerance_tokens == 16
+    assert misses.requests_with_miss == 1
+    assert misses.missed_tokens == 20
     told = summarize(run, server_block_tokens=4).cache_misses
-    assert told["tolerance_tokens"] == 4
-    assert told["requests_with_miss"] == 2
+    assert told.tolerance_tokens == 4
+    assert told.requests_with_miss == 2

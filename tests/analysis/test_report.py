@@ -13,20 +13,19 @@ import pytest
 from analysis import metrics as m
 from analysis import report
 from analysis.load import load_run
+from analysis.results import CacheRates, LruEstimate
 from replayer.records import RequestRecord
 from tests.builders import capacity_cell
 
 MS = 1_000_000
 
 
-def _summary(name: str, **rates: float) -> dict[str, Any]:
-    return {"run": {"name": name}, "cache_hit_rate": rates}
-
-
 def test_report_hit_chart_zooms_labels_and_keeps_the_legend_off_the_bars() -> None:
-    fig = report.hit_figure(
-        [_summary("a", ideal=0.964, server=0.963, prometheus=0.9635, lru=float("nan"))]
+    lru = LruEstimate(
+        hit_rate=float("nan"), capacity_tokens=1, host_capacity_tokens=None
     )
+    rates = CacheRates(ideal=0.964, server=0.963, prometheus=0.9635, lru=lru)
+    fig = report.hit_figure([("a", rates)])
     (ax,) = fig.axes
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["ideal", "server", "prometheus"]  # no "lru" without a bar
