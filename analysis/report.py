@@ -22,6 +22,7 @@ from analysis.load import Run
 from analysis.results import CacheRates, as_json
 from analysis.summary import Summary
 from analysis.text import fmt_value, summary_rows
+from replayer.records.capacity import CapacityCell, CapacityDoc, SloCheck
 
 _NS_PER_S = 1e9
 _CSS = """
@@ -121,7 +122,7 @@ def pareto_plot(table: pd.DataFrame) -> str:
     return _png(fig)
 
 
-def capacity_plot(doc: dict[str, Any]) -> str:
+def capacity_plot(doc: CapacityDoc) -> str:
     """A capacity search (``capacity.json``): each SLO metric's percentile against
     the level, one panel per metric, with the target line, the CI of each cell, and
     the knee (the highest level within the SLO) marked. A cell is coloured in each
@@ -130,52 +131,53 @@ def capacity_plot(doc: dict[str, Any]) -> str:
     return _png(capacity_figure(doc))
 
 
-def capacity_notes(doc: dict[str, Any]) -> list[str]:
+def capacity_notes(doc: CapacityDoc) -> list[str]:
     """What qualifies the answer: client-limited cells, a client-set bound, a range
     (keys a search before them lacks: no notes)."""
-    result, notes = doc["result"], []
-    limited = result.get("client_limited_cells") or []
+    result, notes = doc.result, []
+    if result is None:
+        return []
+    limited = result.client_limited_cells
     if limited:
         notes.append(
             f"CLIENT-LIMITED cells, not counted (the replayer, not the server, set "
             f"their latencies): {', '.join(limited)}"
         )
-    if result.get("lower_bound_by_client"):
+    if result.lower_bound_by_client and result.client_limit is not None:
         notes.append(
             f"The answer is a lower bound set by the client "
-            f"({result['client_limit']['name']} was client-limited); add --workers "
+            f"({result.client_limit.name} was client-limited); add --workers "
             "or --ray"
         )
-    span = result.get("answer_range")
-    if result.get("thin") and span:
+    span = result.answer_range
+    if result.thin and span:
         notes.append(
             f"Thin evidence: the cells support anything from {span[0]:g} to "
-            f"{span[1]:g} ({'; '.join(result['thin_because'])})"
+            f"{span[1]:g} ({'; '.join(result.thin_because)})"
         )
     return notes
 
 
-def capacity_figure(doc: dict[str, Any]) -> Any:
+def capacity_figure(doc: CapacityDoc) -> Any:
     """The figure of :func:`capacity_plot`."""
-    search, result = doc["search"], doc["result"]
-    cells = sorted(doc["cells"], key=lambda c: (c["level"], c["duration_s"]))
+    search, result = doc.search, doc.result
+    cells = sorted(doc.cells, key=lambda c: (c.level, c.duration_s or 0.0))
     # The last cell run at each level decides it (a widened one over its first).
-    decided = {c["level"]: c for c in doc["cells"]}
-    slos = list(search["slo"])
+    decided = {c.level: c for c in doc.cells}
+    slos = list(search.slo)
     fig, axes = _figure(rows=max(1, len(slos)), height=3.0)
-    pct = search["percentile"]
+    pct = search.percentile
     what = (
         "session rate (trees/s)"
-        if search["mode"] == "session_rate"
+        if search.mode == "session_rate"
         else ("concurrent session trees")
     )
     for ax, key in zip(axes, slos, strict=False):
-        target = search["slo"][key]
-        shown = [c for c in cells if decided[c["level"]] is c]
+        target = search.slo[key]
+        shown = [c for c in cells if decided[c.level] is c]
 
-        def check(c: dict[str, Any], slo: str = key) -> dict[str, Any]:
-            found: dict[str, Any] = next(k for k in c["checks"] if k["slo"] == slo)
-            return found
+        def check(c: CapacityCell, slo: str = key) -> SloCheck:
+            return next(k for k in c.checks if k.slo == slo)
 
         for kind, marker, colour, label in (
             (True, "o", "C2", "within SLO"),
@@ -185,33 +187,33 @@ def capacity_figure(doc: dict[str, Any]) -> Any:
             pts = [
                 c
                 for c in shown
-                if (None if c.get("client_limited") else check(c)["pass"]) is kind
+                if (None if c.client_limited else check(c).passed) is kind
             ]
             checks = [check(c) for c in pts]
-            x = [c["level"] for c in pts]
-            y = [k["value_ms"] for k in checks]
+            x = [c.level for c in pts]
+            y = [k.value_ms for k in checks]
             err = [
-                [max(0.0, k["value_ms"] - k["ci_ms"][0]) for k in checks],
-                [max(0.0, k["ci_ms"][1] - k["value_ms"]) for k in checks],
+                [max(0.0, k.value_ms - k.ci_ms[0]) for k in checks],
+                [max(0.0, k.ci_ms[1] - k.value_ms) for k in checks],
             ]
             if x:
                 ax.errorbar(x, y, yerr=err, fmt=marker, color=colour, label=label,
                             capsize=3)  # fmt: skip
         ax.axhline(target, color="#555", ls="--", lw=1, label=f"SLO {target:g} ms")
-        knee = result.get("max_level")
+        knee = None if result is None else result.max_level
         if knee:
             ax.axvline(knee, color="C0", lw=1, label=f"knee: {knee:g}")
-        if len({c["level"] for c in cells}) > 2:
+        if len({c.level for c in cells}) > 2:
             # The ramp is geometric: a log axis spaces its levels evenly.
             from matplotlib.ticker import FuncFormatter
 
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
         values = [
-            k["value_ms"]
+            k.value_ms
             for c in cells
-            for k in c["checks"]
-            if k["slo"] == key and k["value_ms"] and k["value_ms"] > 0
+            for k in c.checks
+            if k.slo == key and k.value_ms and k.value_ms > 0
         ]
         if values and max([*values, target]) > 10 * min([*values, target]):
             # Past the knee latencies run away: on a linear axis everything within
@@ -419,7 +421,7 @@ def render_html(
     summaries: Sequence[Summary],
     *,
     sweep: pd.DataFrame | None = None,
-    capacity: dict[str, Any] | None = None,
+    capacity: CapacityDoc | None = None,
 ) -> str:
     """The whole report as one HTML document (no external resources)."""
     parts = [
@@ -443,13 +445,13 @@ def render_html(
     parts.append("<h2>Latency</h2>")
     parts.append(cdf_plot(runs, "ttft_ms"))
     parts.append(cdf_plot(runs, "e2e_ms"))
-    if capacity is not None and capacity.get("cells"):
-        result = capacity["result"]
+    if capacity is not None and capacity.cells and capacity.result is not None:
+        result = capacity.result
         parts.append("<h2>Capacity under the SLO</h2>")
         parts.append(
-            f"<p>Highest level within the SLO: <b>{result['max_level']:g}</b>"
-            f" ({html.escape(result['status'])}); "
-            + html.escape("; ".join(result["failed_because"]) or "no failing level")
+            f"<p>Highest level within the SLO: <b>{result.max_level:g}</b>"
+            f" ({html.escape(result.status)}); "
+            + html.escape("; ".join(result.failed_because) or "no failing level")
             + "</p>"
         )
         parts.extend(

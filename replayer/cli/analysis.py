@@ -145,7 +145,7 @@ def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
                     {
                         "path": str(p),
                         "levels": t.to_dict(orient="records"),
-                        **({"capacity": c["result"]} if c else {}),
+                        **({"capacity": c.result.as_dict()} if c and c.result else {}),
                     }
                     for (p, t), c in zip(tables, capacities, strict=True)
                 ],
