@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
-from analysis.metrics import Slo
 from replayer.records import ClientCheck, ModeInfo, SteadyRecord
 
 # A field that the JSON leaves out when None (and has otherwise).
@@ -55,11 +54,6 @@ class Latency(_Json):
     p90: float
     p99: float
     count: int
-
-    @classmethod
-    def of(cls, d: dict[str, Any]) -> Latency:
-        """From ``metrics.describe``."""
-        return cls(**d)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,17 +105,6 @@ class SteadyFigure(_Json):
     count: int
     ci: Interval
 
-    @classmethod
-    def of(cls, d: dict[str, Any]) -> SteadyFigure:
-        ci = {k: (v[0], v[1]) for k, v in d["ci"].items()}
-        return cls(
-            p50=d["p50"],
-            p90=d["p90"],
-            p99=d["p99"],
-            count=d["count"],
-            ci=Interval(**ci),
-        )
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Rates(_Json):
@@ -156,21 +139,6 @@ class SteadyState(_Json):
     queued_e2e_ms: SteadyFigure
     throughput_tok_s: SteadyThroughput
 
-    @classmethod
-    def of(cls, d: dict[str, Any]) -> SteadyState:
-        """From ``analysis.steady.steady_state``."""
-        figures = {
-            k: SteadyFigure.of(d[k])
-            for k in ("ttft_ms", "queued_ttft_ms", "tpot_ms", "e2e_ms", "queued_e2e_ms")
-        }
-        return cls(
-            window=SteadyRecord(**d["window"]),
-            requests=d["requests"],
-            confidence=d["confidence"],
-            throughput_tok_s=SteadyThroughput(**d["throughput_tok_s"]),
-            **figures,
-        )
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Interactivity(_Json):
@@ -190,14 +158,6 @@ class Throughput(_Json):
     requests: float  # req/s
     window_s: float
     per_gpu: Rates | None = field(default=None, metadata=OMIT_NONE)
-
-    @classmethod
-    def of(cls, d: dict[str, Any]) -> Throughput:
-        per_gpu = d.get("per_gpu")
-        return cls(
-            **{k: v for k, v in d.items() if k != "per_gpu"},
-            per_gpu=None if per_gpu is None else Rates(**per_gpu),
-        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -287,24 +247,15 @@ class PositionRow(_Json):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Goodput:
+class Goodput(_Json):
     """Requests meeting every objective (``metrics.goodput``)."""
 
-    slo: Slo
+    slo: dict[str, float]  # objective -> target, ms (Slo.as_dict)
     requests: int
     attempted: int
     fraction: float
     requests_s: float
     output_tok_s: float
-
-    def as_dict(self) -> dict[str, Any]:
-        out = _fields_json(self)
-        out["slo"] = self.slo.as_dict()
-        return out
-
-    @classmethod
-    def of(cls, d: dict[str, Any], slo: Slo) -> Goodput:
-        return cls(**{**d, "slo": slo})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -387,15 +338,3 @@ class Validity:
     live_drift: LiveDrift | None
     gates: Gates
     block_ideal: float  # ideal hit counted in whole server blocks
-
-    @classmethod
-    def of(cls, d: dict[str, Any], block_ideal: float) -> Validity:
-        drift = d["live_drift"]
-        return cls(
-            valid=d["valid"],
-            invalid_reasons=tuple(d["invalid_reasons"]),
-            window=ValidityWindow(**d["window"]),
-            live_drift=None if drift is None else LiveDrift(**drift),
-            gates=Gates(**d["gates"]),
-            block_ideal=block_ideal,
-        )

@@ -29,6 +29,7 @@ import pandas as pd
 
 from analysis import metrics as m
 from analysis.compare import bootstrap
+from analysis.results import Interval, SteadyFigure, SteadyState, SteadyThroughput
 from replayer.records import SteadyRecord, SteadyWindow, steady_window
 from replayer.records.capacity import SloCheck
 from traces.stats import PERCENTILE_METHOD
@@ -156,19 +157,20 @@ def percentile_ci(
     return out
 
 
-def _figure(values: FloatArray, seed: int) -> dict[str, Any]:
-    cis = percentile_ci(values, QUANTILES, seed=seed)
-    out: dict[str, Any] = {
-        f"p{q:g}": point for q, (point, _, _) in zip(QUANTILES, cis, strict=True)
-    }
-    out["count"] = int(np.count_nonzero(~np.isnan(values)))
-    out["ci"] = {
-        f"p{q:g}": [lo, hi] for q, (_, lo, hi) in zip(QUANTILES, cis, strict=True)
-    }
-    return out
+def _figure(values: FloatArray, seed: int) -> SteadyFigure:
+    (p50, lo50, hi50), (p90, lo90, hi90), (p99, lo99, hi99) = percentile_ci(
+        values, QUANTILES, seed=seed
+    )
+    return SteadyFigure(
+        p50=p50,
+        p90=p90,
+        p99=p99,
+        count=int(np.count_nonzero(~np.isnan(values))),
+        ci=Interval(p50=(lo50, hi50), p90=(lo90, hi90), p99=(lo99, hi99)),
+    )
 
 
-def steady_state(df: pd.DataFrame, *, seed: int = 0) -> dict[str, Any] | None:
+def steady_state(df: pd.DataFrame, *, seed: int = 0) -> SteadyState | None:
     """The ``steady_state`` block of ``analyze --json``: the window, and over it
     each latency's p50/p90/p99 with their CIs, and the throughput (None: no request
     ended)."""
@@ -176,18 +178,20 @@ def steady_state(df: pd.DataFrame, *, seed: int = 0) -> dict[str, Any] | None:
     if window is None:
         return None
     sub = in_window(df, window)
-    out: dict[str, Any] = {
-        "window": window.as_dict(),
-        "requests": int(m.measured_ok(sub).sum()),
-        "confidence": CONFIDENCE,
-    }
-    for name, fn in METRICS.items():
-        out[name] = _figure(fn(sub), seed)
     tp = m.throughput_tok_s(sub)
-    out["throughput_tok_s"] = {
-        k: tp[k] for k in ("input", "output", "total", "requests")
-    }
-    return out
+    return SteadyState(
+        window=window.record(),
+        requests=int(m.measured_ok(sub).sum()),
+        confidence=CONFIDENCE,
+        ttft_ms=_figure(m.ttft_ms(sub), seed),
+        queued_ttft_ms=_figure(m.queued_ttft_ms(sub), seed),
+        tpot_ms=_figure(m.tpot_ms(sub), seed),
+        e2e_ms=_figure(m.e2e_ms(sub), seed),
+        queued_e2e_ms=_figure(m.queued_e2e_ms(sub), seed),
+        throughput_tok_s=SteadyThroughput(
+            input=tp.input, output=tp.output, total=tp.total, requests=tp.requests
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -180,9 +180,9 @@ def _client_check(run: Run) -> RunClientCheck | None:
         return None
     return RunClientCheck(
         recorded=recorded,
-        pool_wait_ms=Latency.of(m.describe(waits["pool_wait_ns"])),
-        slot_wait_ms=Latency.of(m.describe(waits["slot_wait_ns"])),
-        connect_ms=Latency.of(m.describe(waits["connect_ns"])),
+        pool_wait_ms=m.describe(waits["pool_wait_ns"]),
+        slot_wait_ms=m.describe(waits["slot_wait_ns"]),
+        connect_ms=m.describe(waits["connect_ns"]),
     )
 
 
@@ -206,8 +206,8 @@ def _threads() -> int:
 def _itl(df: pd.DataFrame) -> tuple[Latency, Latency, float]:
     """ITL figures, spread ITL figures and the share of 0 ns gaps."""
     itl, spread = m.itl_and_spread_ms(df)
-    figures = Latency.of(m.describe(itl))
-    spread_figures = figures if spread is itl else Latency.of(m.describe(spread))
+    figures = m.describe(itl)
+    spread_figures = figures if spread is itl else m.describe(spread)
     return figures, spread_figures, m.itl_coalesced_share(df, itl)
 
 
@@ -220,24 +220,15 @@ def _trees(df: pd.DataFrame) -> SessionTrees:
     return SessionTrees(
         trees=len(trees),
         measured_trees=len(measured),
-        wall_ms=Latency.of(m.describe(wall)),
-        critical_path_ttft_ms=Latency.of(
-            m.describe(measured["critical_path_ttft_ms"].to_numpy(dtype=float))
+        wall_ms=m.describe(wall),
+        critical_path_ttft_ms=m.describe(
+            measured["critical_path_ttft_ms"].to_numpy(dtype=float)
         ),
-        join_wait_ms=Latency.of(m.describe(join)),
+        join_wait_ms=m.describe(join),
         join_wait_share=float(np.nansum(join)) / total_wall
         if total_wall > 0
         else math.nan,
     )
-
-
-def _steady(df: pd.DataFrame, seed: int) -> SteadyState | None:
-    figures = steady_state(df, seed=seed)
-    return None if figures is None else SteadyState.of(figures)
-
-
-def _positions(rows: list[dict[str, Any]]) -> tuple[PositionRow, ...]:
-    return tuple(PositionRow(**r) for r in rows)
 
 
 def summarize(
@@ -308,47 +299,45 @@ def summarize(
     # ~28M values. This thread takes the by-turn/by-depth tables and the rest.
     with ThreadPoolExecutor(max_workers=_threads()) as pool:
         itl_job = pool.submit(_itl, df)
-        steady_job = pool.submit(_steady, df, run.meta.seed)
+        steady_job = pool.submit(steady_state, df, seed=run.meta.seed)
         trees_job = pool.submit(_trees, df)
         turn, depth = by_turn_and_depth(df, lru)
         lag = m.dispatch_lag_ms(df)
-        tpot = Latency.of(m.describe(m.tpot_ms(df)))
+        tpot = m.describe(m.tpot_ms(df))
         itl_figures, spread_figures, coalesced = itl_job.result()
         lag_p50, lag_p99 = m.percentiles(lag, [50, 99])
         return Summary(
             run=_run_info(run),
-            counts=Counts(**m.counts(df)),
-            ttft_ms=Latency.of(m.describe(m.ttft_ms(df))),
+            counts=m.counts(df),
+            ttft_ms=m.describe(m.ttft_ms(df)),
             tpot_ms=tpot,
             itl_ms=itl_figures,
             itl_spread_ms=spread_figures,
             itl_coalesced_share=coalesced,
-            e2e_ms=Latency.of(m.describe(m.e2e_ms(df))),
-            queued_ttft_ms=Latency.of(m.describe(m.queued_ttft_ms(df))),
-            queued_e2e_ms=Latency.of(m.describe(m.queued_e2e_ms(df))),
+            e2e_ms=m.describe(m.e2e_ms(df)),
+            queued_ttft_ms=m.describe(m.queued_ttft_ms(df)),
+            queued_e2e_ms=m.describe(m.queued_e2e_ms(df)),
             steady_state=steady_job.result(),
             # = m.interactivity_tok_s(df), from the TPOT percentiles already computed.
             interactivity_tok_s=Interactivity(
                 p50=_per_s(tpot.p50), p90=_per_s(tpot.p90)
             ),
             e2e_norm_interactivity_tok_s=m.e2e_norm_interactivity_tok_s(df),
-            throughput_tok_s=Throughput.of(m.throughput_tok_s(df, gpus)),
+            throughput_tok_s=m.throughput_tok_s(df, gpus),
             dispatch_lag_ms=DispatchLag(
                 mean=float(lag.mean()) if lag.size else math.nan,
                 p50=lag_p50,
                 p99=lag_p99,
             ),
             cache_hit_rate=rates,
-            cache_misses=CacheMisses(
-                **miss_impact(per_request, tolerance_tokens=tolerance)
-            ),
+            cache_misses=miss_impact(per_request, tolerance_tokens=tolerance),
             session_trees=trees_job.result(),
-            by_turn=_positions(turn),
-            by_depth=_positions(depth),
-            goodput=Goodput.of(m.goodput(df, slo), slo) if slo is not None else None,
+            by_turn=turn,
+            by_depth=depth,
+            goodput=m.goodput(df, slo) if slo is not None else None,
             gpus=gpus,
             client_check=_client_check(run),
-            validity=Validity.of(
-                verdict(df, run.meta), block_ideal_hit_rate(df, tolerance)
+            validity=verdict(
+                df, run.meta, block_ideal=block_ideal_hit_rate(df, tolerance)
             ),
         )

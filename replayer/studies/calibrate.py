@@ -545,7 +545,7 @@ def figures_of(df: pd.DataFrame) -> Figures:
         ttft_ms=quantiles(m.ttft_ms(df)),
         tpot_ms=quantiles(m.tpot_ms(df)),
         e2e_ms=quantiles(m.e2e_ms(df)),
-        output_tok_s=float(m.throughput_tok_s(df)["output"]),
+        output_tok_s=m.throughput_tok_s(df).output,
         hit_rate=m.server_hit_rate(df),
         ok=int(m.measured_ok(df).sum()),
     )

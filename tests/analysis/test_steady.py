@@ -322,7 +322,7 @@ def test_slo_verdict_pass_fail_and_borderline(
     df = m.numeric_view(load_run(make_run_dir(tmp_path / "r", rows)).requests)
     figures = steady_state(df)
     assert figures is not None
-    p90 = figures["queued_ttft_ms"]["p90"]
+    p90 = figures.queued_ttft_ms.p90
     assert slo_verdict(df, m.Slo(ttft_ms=p90 * 2)).passed
     bad = slo_verdict(df, m.Slo(ttft_ms=p90 / 2, tpot_ms=1000))
     assert not bad.passed
@@ -333,7 +333,7 @@ def test_slo_verdict_pass_fail_and_borderline(
     assert near.passed
     assert near.borderline
     # The percentile is the caller's.
-    p50 = figures["queued_ttft_ms"]["p50"]
+    p50 = figures.queued_ttft_ms.p50
     assert slo_verdict(df, m.Slo(ttft_ms=p50 + 1), percentile=50).passed
     assert not slo_verdict(df, m.Slo(ttft_ms=p50 + 1), percentile=90).passed
 
