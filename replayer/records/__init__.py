@@ -1,9 +1,15 @@
 """The run-directory contract, shared by the engine (writes) and ``analysis``
-(reads): rows, run.json and server metrics; see docs/run-directory.md.
+(reads): rows, run.json, capacity.json and server metrics; see docs/run-directory.md.
 Import-light: pyarrow, no aiohttp."""
 
 from __future__ import annotations
 
+from replayer.records.capacity import (
+    CapacityCell,
+    CapacityDoc,
+    CapacityResult,
+    SloCheck,
+)
 from replayer.records.meta import (
     STEADY_METHOD,
     ClientCheck,
@@ -55,6 +61,9 @@ __all__ = [
     "SERVER_METRICS_SCHEMA",
     "STATUSES",
     "STEADY_METHOD",
+    "CapacityCell",
+    "CapacityDoc",
+    "CapacityResult",
     "ClientCheck",
     "MaterializerStats",
     "ModeInfo",
@@ -69,6 +78,7 @@ __all__ = [
     "RunMeta",
     "ScrapeAccount",
     "SimRecord",
+    "SloCheck",
     "Status",
     "SteadyRecord",
     "SteadyWindow",
