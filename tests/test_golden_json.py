@@ -1,7 +1,7 @@
 """The JSON contracts hold byte for byte: `analyze` (--json and the table) over fixed
 run directories, `capacity --json`, `trace cache-curve --json` and run.json of
 virtual runs give what tests/data/golden/make.py captured; run.json files read and
-written back are unchanged."""
+written back, and capacity.json, are unchanged."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from replayer.records import RunMeta
+from replayer.records import CapacityDoc, RunMeta
 from replayer.records.rundir import strict_json
 from tests.data.golden.make import INPUTS, OUTPUTS, outputs
 
@@ -32,4 +32,13 @@ def test_run_json_reads_and_writes_back_unchanged(path: Path) -> None:
     text = (INPUTS / path).read_text()
     meta = RunMeta.from_dict(json.loads(text))
     again = json.dumps(strict_json(meta.as_dict()), indent=2, default=str) + "\n"
+    assert again == text
+
+
+def test_capacity_json_reads_and_writes_back_unchanged() -> None:
+    text = (INPUTS / "capacity" / "capacity.json").read_text()
+    doc = CapacityDoc.from_dict(json.loads(text))
+    assert doc.result is not None
+    assert len(doc.cells) == doc.result.cells == 3
+    again = json.dumps(strict_json(doc.as_dict()), indent=2, default=str) + "\n"
     assert again == text
