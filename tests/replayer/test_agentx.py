@@ -105,7 +105,7 @@ async def test_agentx_mid_session_starts_primed_with_one_token(tmp_path: Path) -
     # the turns a primed lane plays while others still prime).
     assert int(rows.primer.sum()) == len(trace.sessions)
     view = numeric_view(load_run(tmp_path / "run").requests)
-    assert counts(view)["warmup"] == int(rows.warmup.sum()) >= len(trace.sessions)
+    assert counts(view).warmup == int(rows.warmup.sum()) >= len(trace.sessions)
     assert meta.protocol is not None
     assert meta.protocol.start_ratio == (0.25, 0.75)
 
