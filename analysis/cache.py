@@ -22,6 +22,7 @@ from analysis.metrics import (
     percentile,
     server_prompt,
 )
+from analysis.results import CacheMisses
 from traces.cache import CacheRequest, lru_hits
 from traces.model import HashIds, Trace
 
@@ -160,7 +161,7 @@ def tree_cache(requests: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
-def miss_impact(requests: pd.DataFrame, *, tolerance_tokens: int) -> dict[str, Any]:
+def miss_impact(requests: pd.DataFrame, *, tolerance_tokens: int) -> CacheMisses:
     """Which requests missed what the trace allowed, and how much P90 TTFT they explain.
 
     A miss: missed_tokens > ``tolerance_tokens`` (one server block: servers cache
@@ -173,28 +174,28 @@ def miss_impact(requests: pd.DataFrame, *, tolerance_tokens: int) -> dict[str, A
     """
     rep = requests[requests["cached_tokens"].notna()]
     if rep.empty:
-        return {
-            "tolerance_tokens": tolerance_tokens,
-            "requests_reporting": 0,
-            "requests_with_miss": None,
-            "missed_tokens": None,
-            "ttft_p90_ms": NAN,
-            "ttft_p90_ms_full_hit": NAN,
-            "ttft_p90_ms_with_miss": NAN,
-            "slow_with_miss_fraction": NAN,
-        }
+        return CacheMisses(
+            tolerance_tokens=tolerance_tokens,
+            requests_reporting=0,
+            requests_with_miss=None,
+            missed_tokens=None,
+            ttft_p90_ms=NAN,
+            ttft_p90_ms_full_hit=NAN,
+            ttft_p90_ms_with_miss=NAN,
+            slow_with_miss_fraction=NAN,
+        )
     missed = rep["missed_tokens"].clip(lower=0)
     miss = (missed > tolerance_tokens).to_numpy()
     ttft = rep["ttft_ms"].to_numpy()
     p90 = percentile(ttft, 90)
     slow = ttft >= p90
-    return {
-        "tolerance_tokens": tolerance_tokens,
-        "requests_reporting": len(rep),
-        "requests_with_miss": int(miss.sum()),
-        "missed_tokens": float(missed[miss].sum()),
-        "ttft_p90_ms": p90,
-        "ttft_p90_ms_full_hit": percentile(ttft[~miss], 90),
-        "ttft_p90_ms_with_miss": percentile(ttft[miss], 90),
-        "slow_with_miss_fraction": float(miss[slow].mean()) if slow.any() else NAN,
-    }
+    return CacheMisses(
+        tolerance_tokens=tolerance_tokens,
+        requests_reporting=len(rep),
+        requests_with_miss=int(miss.sum()),
+        missed_tokens=float(missed[miss].sum()),
+        ttft_p90_ms=p90,
+        ttft_p90_ms_full_hit=percentile(ttft[~miss], 90),
+        ttft_p90_ms_with_miss=percentile(ttft[miss], 90),
+        slow_with_miss_fraction=float(miss[slow].mean()) if slow.any() else NAN,
+    )

@@ -195,9 +195,9 @@ def comparability_warnings(a: RunMeta, b: RunMeta) -> list[str]:
     if servers:
         out.append(f"A and B ran against different servers ({'; '.join(servers)})")
     for name, meta in (("A", a), ("B", b)):
-        check = meta.client_check or {}
-        if check.get("limited"):
-            why = "; ".join(str(r) for r in check.get("reasons") or ())
+        check = meta.client_check
+        if check is not None and check.limited:
+            why = "; ".join(check.reasons)
             out.append(
                 f"{name} was CLIENT-LIMITED ({why or 'see its client_check'}): its "
                 "latencies include the client's own delays"
@@ -215,7 +215,11 @@ def _server_differences(a: RunMeta, b: RunMeta) -> list[str]:
     elif a.simulated:  # the built-in simulator listens on a new port every run
         if a.sim != b.sim:
             pairs.append(
-                ("simulator", (a.sim or {}).get("args"), (b.sim or {}).get("args"))
+                (
+                    "simulator",
+                    None if a.sim is None else a.sim.args,
+                    None if b.sim is None else b.sim.args,
+                )
             )
     else:
         pairs.append(("endpoint", a.endpoint, b.endpoint))

@@ -9,13 +9,14 @@ Pure: a numeric request frame (``metrics.numeric_view``) in, table rows out.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
 from analysis import metrics as m
+from analysis.results import PositionRow
 
 _NS_PER_MS = 1e6
 FloatArray = npt.NDArray[np.float64]
@@ -66,10 +67,10 @@ class _Kept(NamedTuple):
 
 def _rows(
     cols: _Kept, g: npt.NDArray[np.int64], labels: dict[int, str]
-) -> list[dict[str, Any]]:
+) -> tuple[PositionRow, ...]:
     """The table rows of groups ``g`` (one per kept row)."""
     if g.size == 0:
-        return []
+        return ()
     n = int(g.max()) + 1
     count = np.bincount(g, minlength=n)
 
@@ -109,21 +110,21 @@ def _rows(
         sel = slice(cuts[k], cuts[k + 1])
         p50, p90 = m.percentiles(ttft[sel], [50, 90])
         e50, e90 = m.percentiles(e2e[sel], [50, 90])
-        row: dict[str, Any] = {
-            "group": labels[k],
-            "requests": int(count[k]),
-            "ttft_ms_p50": p50,
-            "ttft_ms_p90": p90,
-            "e2e_ms_p50": e50,
-            "e2e_ms_p90": e90,
-            "prompt_tokens_mean": prompt_mean[k],
-            "hit_rate_server": server[k],
-            "hit_rate_ideal": ideal[k],
-        }
-        if lru_rates is not None:
-            row["hit_rate_lru"] = lru_rates[k]
-        out.append(row)
-    return out
+        out.append(
+            PositionRow(
+                group=labels[k],
+                requests=int(count[k]),
+                ttft_ms_p50=p50,
+                ttft_ms_p90=p90,
+                e2e_ms_p50=e50,
+                e2e_ms_p90=e90,
+                prompt_tokens_mean=prompt_mean[k],
+                hit_rate_server=server[k],
+                hit_rate_ideal=ideal[k],
+                hit_rate_lru=None if lru_rates is None else lru_rates[k],
+            )
+        )
+    return tuple(out)
 
 
 def _turn_groups(df: pd.DataFrame) -> tuple[npt.NDArray[np.int64], dict[int, str]]:
@@ -146,7 +147,7 @@ def _depth_groups(df: pd.DataFrame) -> tuple[npt.NDArray[np.int64], dict[int, st
 
 def by_turn(
     df: pd.DataFrame, lru: npt.NDArray[np.float64] | None = None
-) -> list[dict[str, Any]]:
+) -> tuple[PositionRow, ...]:
     """Per turn bucket (see :func:`turn_bucket`): requests, TTFT and E2E p50/p90,
     mean prompt, and the prefix hit rates side by side (server: Σ cached / Σ server
     prompt over rows reporting cached_tokens; ideal: Σ ideal / Σ prompt; LRU with
@@ -157,7 +158,7 @@ def by_turn(
 
 def by_depth(
     df: pd.DataFrame, lru: npt.NDArray[np.float64] | None = None
-) -> list[dict[str, Any]]:
+) -> tuple[PositionRow, ...]:
     """The same figures per subagent depth (0 = root sessions, 1 = their
     subagents, …). Population: ok, measured rows."""
     return by_turn_and_depth(df, lru)[1]
@@ -165,7 +166,7 @@ def by_depth(
 
 def by_turn_and_depth(
     df: pd.DataFrame, lru: npt.NDArray[np.float64] | None = None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[tuple[PositionRow, ...], tuple[PositionRow, ...]]:
     """(:func:`by_turn`, :func:`by_depth`), the kept columns taken once."""
     keep = m.measured_ok(df)
     cols = _Kept.of(df, keep, lru)

@@ -25,6 +25,7 @@ from replayer.records import (
     RunMeta,
     server_metrics_table,
 )
+from replayer.records.capacity import CapacityDoc
 from traces.model import Trace
 
 # Repeated strings are read dictionary-encoded (pandas categoricals): a 10M-row run's
@@ -226,12 +227,12 @@ def _no_metrics_reason(meta: RunMeta) -> str:
         if not meta.complete:
             return "no server metrics: none flushed before the run stopped"
         return "no server metrics recorded"
-    if account.get("available") is False:
-        return f"no server metrics: {account.get('url')} serves no Prometheus text"
-    if not account.get("scrapes"):
+    if account.available is False:
+        return f"no server metrics: {account.url} serves no Prometheus text"
+    if not account.scrapes:
         return "no server metrics: no scrape succeeded"
     return (
-        f"no server metrics: {account['scrapes']} scrapes were taken, but "
+        f"no server metrics: {account.scrapes} scrapes were taken, but "
         "server_metrics.parquet is missing"
     )
 
@@ -258,7 +259,7 @@ def load_sweep(path: str | Path, *, columns: Sequence[str] | None = None) -> Swe
     return Sweep(path=path, levels=tuple(r.name for r in runs), runs=runs)
 
 
-def load_capacity(path: str | Path) -> dict[str, Any] | None:
+def load_capacity(path: str | Path) -> CapacityDoc | None:
     """A capacity folder's ``capacity.json`` (``replayer.studies.capacity``), or None
     when ``path`` is not one."""
     doc = _read_json(Path(path) / "capacity.json")
@@ -268,7 +269,13 @@ def load_capacity(path: str | Path) -> dict[str, Any] | None:
         doc.get("result"), dict
     ):
         raise AnalysisError(f"{Path(path) / 'capacity.json'}: not a capacity search")
-    return doc
+    try:
+        return CapacityDoc.from_dict(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise AnalysisError(
+            f"{Path(path) / 'capacity.json'}: not a capacity search this version "
+            f"reads ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def load_trace_for(run: Run, trace_path: str | Path | None = None) -> Trace:

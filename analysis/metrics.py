@@ -13,7 +13,6 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.errors import SloError
+from analysis.results import Counts, Goodput, Latency, Rates, Throughput
 from replayer.records import FAILED_STATUSES, STATUSES
 from traces.stats import PERCENTILE_METHOD
 from traces.stats import percentiles as percentiles  # the one definition
@@ -49,15 +49,15 @@ def percentile_rows(x: FloatArray, q: float) -> FloatArray:
     return out
 
 
-def describe(values: npt.ArrayLike) -> dict[str, float]:
-    """{"mean", "p50", "p90", "p99", "count"} of ``values`` (NaNs dropped)."""
+def describe(values: npt.ArrayLike) -> Latency:
+    """Mean, p50, p90, p99 and count of ``values`` (NaNs dropped)."""
     arr = np.asarray(values, dtype=np.float64)
     nan = np.isnan(arr)
     if nan.any():
         arr = arr[~nan]
     p50, p90, p99 = percentiles(arr, [50, 90, 99])
     mean = float(arr.mean()) if arr.size else NAN
-    return {"mean": mean, "p50": p50, "p90": p90, "p99": p99, "count": int(arr.size)}
+    return Latency(mean=mean, p50=p50, p90=p90, p99=p99, count=int(arr.size))
 
 
 NUMERIC_COLUMNS = (
@@ -132,7 +132,7 @@ def measured_ok(df: pd.DataFrame) -> npt.NDArray[np.bool_]:
     return has_status(df, "ok") & ~is_warmup(df)
 
 
-def counts(df: pd.DataFrame) -> dict[str, Any]:
+def counts(df: pd.DataFrame) -> Counts:
     """Row counts. Population: all rows.
 
     ``requests`` all rows; ``ok`` rows with status ok; ``errors`` rows per non-ok
@@ -145,13 +145,13 @@ def counts(df: pd.DataFrame) -> dict[str, Any]:
     )[1:]  # code -1 (null) dropped
     by_status = dict(zip(status.cat.categories, n_by_code.tolist(), strict=True))
     warm = is_warmup(df)
-    return {
-        "requests": len(df),
-        "ok": int(by_status.get("ok", 0)),
-        "errors": {s: int(by_status.get(s, 0)) for s in STATUSES if s != "ok"},
-        "warmup": int(warm.sum()),
-        "measured_ok": int(measured_ok(df).sum()),
-    }
+    return Counts(
+        requests=len(df),
+        ok=int(by_status.get("ok", 0)),
+        errors={s: int(by_status.get(s, 0)) for s in STATUSES if s != "ok"},
+        warmup=int(warm.sum()),
+        measured_ok=int(measured_ok(df).sum()),
+    )
 
 
 def ttft_ms(df: pd.DataFrame) -> FloatArray:
@@ -363,7 +363,7 @@ def measured_window_s(df: pd.DataFrame) -> float:
     return float(end - start) / _NS_PER_S if end > start else NAN
 
 
-def throughput_tok_s(df: pd.DataFrame, gpus: int | None = None) -> dict[str, Any]:
+def throughput_tok_s(df: pd.DataFrame, gpus: int | None = None) -> Throughput:
     """Token throughput, tok/s: tokens / (last end - first start).
 
     Formula: input = Σ prompt_tokens (sent), output = Σ output_tokens (received),
@@ -376,16 +376,17 @@ def throughput_tok_s(df: pd.DataFrame, gpus: int | None = None) -> dict[str, Any
     window = measured_window_s(df)
     tin = float(np.nansum(column(df, "prompt_tokens")[keep]))
     tout = float(np.nansum(column(df, "output_tokens")[keep]))
-    rates = {
-        "input": tin / window,
-        "output": tout / window,
-        "total": (tin + tout) / window,
-    }
-    out: dict[str, Any] = {**rates, "requests": int(keep.sum()) / window}
-    out["window_s"] = window
-    if gpus:
-        out["per_gpu"] = {k: v / gpus for k, v in rates.items()}
-    return out
+    return Throughput(
+        input=tin / window,
+        output=tout / window,
+        total=(tin + tout) / window,
+        requests=int(keep.sum()) / window,
+        window_s=window,
+        per_gpu=Rates(input=tin / window / gpus, output=tout / window / gpus,
+                      total=(tin + tout) / window / gpus)
+        if gpus
+        else None,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -436,7 +437,7 @@ def parse_slo(text: str) -> Slo:
     return Slo(**values)
 
 
-def goodput(df: pd.DataFrame, slo: Slo) -> dict[str, Any]:
+def goodput(df: pd.DataFrame, slo: Slo) -> Goodput:
     """Requests meeting every objective in ``slo``.
 
     Formula: good = ok rows with TTFT ≤ slo.ttft, TPOT ≤ slo.tpot (each row's
@@ -461,14 +462,14 @@ def goodput(df: pd.DataFrame, slo: Slo) -> dict[str, Any]:
     n_att = int(attempted.sum())
     n_good = int(good.sum())
     window = measured_window_s(df)
-    return {
-        "slo": slo.as_dict(),
-        "requests": n_good,
-        "attempted": n_att,
-        "fraction": n_good / n_att if n_att else NAN,
-        "requests_s": n_good / window,
-        "output_tok_s": float(np.nansum(out[good])) / window,
-    }
+    return Goodput(
+        slo=slo.as_dict(),
+        requests=n_good,
+        attempted=n_att,
+        fraction=n_good / n_att if n_att else NAN,
+        requests_s=n_good / window,
+        output_tok_s=float(np.nansum(out[good])) / window,
+    )
 
 
 def dispatch_lag_ms(df: pd.DataFrame) -> FloatArray:

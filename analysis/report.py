@@ -19,7 +19,10 @@ import pandas as pd
 
 from analysis import metrics as m
 from analysis.load import Run
+from analysis.results import CacheRates, as_json
+from analysis.summary import Summary
 from analysis.text import fmt_value, summary_rows
+from replayer.records.capacity import CapacityCell, CapacityDoc, SloCheck
 
 _NS_PER_S = 1e9
 _CSS = """
@@ -119,7 +122,7 @@ def pareto_plot(table: pd.DataFrame) -> str:
     return _png(fig)
 
 
-def capacity_plot(doc: dict[str, Any]) -> str:
+def capacity_plot(doc: CapacityDoc) -> str:
     """A capacity search (``capacity.json``): each SLO metric's percentile against
     the level, one panel per metric, with the target line, the CI of each cell, and
     the knee (the highest level within the SLO) marked. A cell is coloured in each
@@ -128,52 +131,53 @@ def capacity_plot(doc: dict[str, Any]) -> str:
     return _png(capacity_figure(doc))
 
 
-def capacity_notes(doc: dict[str, Any]) -> list[str]:
+def capacity_notes(doc: CapacityDoc) -> list[str]:
     """What qualifies the answer: client-limited cells, a client-set bound, a range
     (keys a search before them lacks: no notes)."""
-    result, notes = doc["result"], []
-    limited = result.get("client_limited_cells") or []
+    result, notes = doc.result, []
+    if result is None:
+        return []
+    limited = result.client_limited_cells
     if limited:
         notes.append(
             f"CLIENT-LIMITED cells, not counted (the replayer, not the server, set "
             f"their latencies): {', '.join(limited)}"
         )
-    if result.get("lower_bound_by_client"):
+    if result.lower_bound_by_client and result.client_limit is not None:
         notes.append(
             f"The answer is a lower bound set by the client "
-            f"({result['client_limit']['name']} was client-limited); add --workers "
+            f"({result.client_limit.name} was client-limited); add --workers "
             "or --ray"
         )
-    span = result.get("answer_range")
-    if result.get("thin") and span:
+    span = result.answer_range
+    if result.thin and span:
         notes.append(
             f"Thin evidence: the cells support anything from {span[0]:g} to "
-            f"{span[1]:g} ({'; '.join(result['thin_because'])})"
+            f"{span[1]:g} ({'; '.join(result.thin_because)})"
         )
     return notes
 
 
-def capacity_figure(doc: dict[str, Any]) -> Any:
+def capacity_figure(doc: CapacityDoc) -> Any:
     """The figure of :func:`capacity_plot`."""
-    search, result = doc["search"], doc["result"]
-    cells = sorted(doc["cells"], key=lambda c: (c["level"], c["duration_s"]))
+    search, result = doc.search, doc.result
+    cells = sorted(doc.cells, key=lambda c: (c.level, c.duration_s or 0.0))
     # The last cell run at each level decides it (a widened one over its first).
-    decided = {c["level"]: c for c in doc["cells"]}
-    slos = list(search["slo"])
+    decided = {c.level: c for c in doc.cells}
+    slos = list(search.slo)
     fig, axes = _figure(rows=max(1, len(slos)), height=3.0)
-    pct = search["percentile"]
+    pct = search.percentile
     what = (
         "session rate (trees/s)"
-        if search["mode"] == "session_rate"
+        if search.mode == "session_rate"
         else ("concurrent session trees")
     )
     for ax, key in zip(axes, slos, strict=False):
-        target = search["slo"][key]
-        shown = [c for c in cells if decided[c["level"]] is c]
+        target = search.slo[key]
+        shown = [c for c in cells if decided[c.level] is c]
 
-        def check(c: dict[str, Any], slo: str = key) -> dict[str, Any]:
-            found: dict[str, Any] = next(k for k in c["checks"] if k["slo"] == slo)
-            return found
+        def check(c: CapacityCell, slo: str = key) -> SloCheck:
+            return next(k for k in c.checks if k.slo == slo)
 
         for kind, marker, colour, label in (
             (True, "o", "C2", "within SLO"),
@@ -183,33 +187,33 @@ def capacity_figure(doc: dict[str, Any]) -> Any:
             pts = [
                 c
                 for c in shown
-                if (None if c.get("client_limited") else check(c)["pass"]) is kind
+                if (None if c.client_limited else check(c).passed) is kind
             ]
             checks = [check(c) for c in pts]
-            x = [c["level"] for c in pts]
-            y = [k["value_ms"] for k in checks]
+            x = [c.level for c in pts]
+            y = [k.value_ms for k in checks]
             err = [
-                [max(0.0, k["value_ms"] - k["ci_ms"][0]) for k in checks],
-                [max(0.0, k["ci_ms"][1] - k["value_ms"]) for k in checks],
+                [max(0.0, k.value_ms - k.ci_ms[0]) for k in checks],
+                [max(0.0, k.ci_ms[1] - k.value_ms) for k in checks],
             ]
             if x:
                 ax.errorbar(x, y, yerr=err, fmt=marker, color=colour, label=label,
                             capsize=3)  # fmt: skip
         ax.axhline(target, color="#555", ls="--", lw=1, label=f"SLO {target:g} ms")
-        knee = result.get("max_level")
+        knee = None if result is None else result.max_level
         if knee:
             ax.axvline(knee, color="C0", lw=1, label=f"knee: {knee:g}")
-        if len({c["level"] for c in cells}) > 2:
+        if len({c.level for c in cells}) > 2:
             # The ramp is geometric: a log axis spaces its levels evenly.
             from matplotlib.ticker import FuncFormatter
 
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
         values = [
-            k["value_ms"]
+            k.value_ms
             for c in cells
-            for k in c["checks"]
-            if k["slo"] == key and k["value_ms"] and k["value_ms"] > 0
+            for k in c.checks
+            if k.slo == key and k.value_ms and k.value_ms > 0
         ]
         if values and max([*values, target]) > 10 * min([*values, target]):
             # Past the knee latencies run away: on a linear axis everything within
@@ -316,30 +320,36 @@ def timeline_figure(run: Run) -> Any:
     return fig
 
 
-def hit_plot(summaries: Sequence[dict[str, Any]]) -> str:
+def hit_plot(summaries: Sequence[Summary]) -> str:
     """Ideal vs achieved prefix-cache hit rate per run (server, Prometheus, LRU):
     only the kinds some run has, each bar labelled with its value, and an axis
     zoomed to the values (96.3% beside 96.4% must read as different)."""
-    return _png(hit_figure(summaries))
+    return _png(hit_figure([(s.run.name, s.cache_hit_rate) for s in summaries]))
 
 
-def hit_figure(summaries: Sequence[dict[str, Any]]) -> Any:
-    """The figure of :func:`hit_plot`."""
+def _hit(rates: CacheRates, kind: str) -> float:
+    if kind == "lru":
+        return np.nan if rates.lru is None else rates.lru.hit_rate
+    value: float = getattr(rates, kind)
+    return value if _finite(value) else np.nan
+
+
+def hit_figure(runs: Sequence[tuple[str, CacheRates]]) -> Any:
+    """The figure of :func:`hit_plot`: each run's name and hit rates."""
     kinds = [
         kind
         for kind in ("ideal", "server", "prometheus", "lru")
-        if any(_finite(s["cache_hit_rate"].get(kind)) for s in summaries)
+        if any(_finite(_hit(rates, kind)) for _, rates in runs)
     ]
     fig, (ax,) = _figure()
     if not kinds:
         ax.set_title("Ideal (trace) vs achieved hit rate: no run has one")
         return fig
-    x = np.arange(len(summaries))
+    x = np.arange(len(runs))
     width = 0.8 / len(kinds)
     shown: list[float] = []
     for k, kind in enumerate(kinds):
-        vals = [s["cache_hit_rate"].get(kind) for s in summaries]
-        vals = [v if _finite(v) else np.nan for v in vals]
+        vals = [_hit(rates, kind) for _, rates in runs]
         bars = ax.bar(x + k * width, vals, width, label=kind)
         ax.bar_label(
             bars, labels=[f"{v:.1%}" if np.isfinite(v) else "" for v in vals],
@@ -347,7 +357,7 @@ def hit_figure(summaries: Sequence[dict[str, Any]]) -> Any:
         )  # fmt: skip
         shown += [v for v in vals if np.isfinite(v)]
     ax.set_xticks(x + width * (len(kinds) - 1) / 2)
-    ax.set_xticklabels([s["run"]["name"] for s in summaries])
+    ax.set_xticklabels([name for name, _ in runs])
     low, high = min(shown), max(shown)
     pad = max(0.01, (high - low) * 0.25)
     ax.set_ylim(max(0.0, low - pad), min(1.0, high + pad) + pad / 2)
@@ -365,22 +375,22 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and bool(np.isfinite(value))
 
 
-def position_plot(summary: dict[str, Any]) -> str:
+def position_plot(summary: Summary) -> str:
     """TTFT p90 and the prefix hit rates by turn bucket, for one run."""
-    rows = summary.get("by_turn") or []
+    rows = summary.by_turn
     fig, axes = _figure(rows=2, height=2.6)
-    labels = [str(r["group"]) for r in rows]
+    labels = [r.group for r in rows]
     x = np.arange(len(rows))
-    axes[0].plot(x, [r["ttft_ms_p90"] for r in rows], "o-", label="TTFT p90")
-    axes[0].plot(x, [r["ttft_ms_p50"] for r in rows], "o-", label="TTFT p50")
+    axes[0].plot(x, [r.ttft_ms_p90 for r in rows], "o-", label="TTFT p90")
+    axes[0].plot(x, [r.ttft_ms_p50 for r in rows], "o-", label="TTFT p50")
     axes[0].set_ylabel("ms")
-    axes[0].set_title(f"By turn within the session: {summary['run']['name']}")
+    axes[0].set_title(f"By turn within the session: {summary.run.name}")
     for key, label in (
         ("hit_rate_ideal", "ideal"),
         ("hit_rate_server", "server"),
         ("hit_rate_lru", "lru"),
     ):
-        vals = [r.get(key) for r in rows]
+        vals = [getattr(r, key) for r in rows]
         if any(_finite(v) for v in vals):
             axes[1].plot(
                 x, [v if _finite(v) else np.nan for v in vals], "o-", label=label
@@ -408,10 +418,10 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def render_html(
     runs: Sequence[Run],
-    summaries: Sequence[dict[str, Any]],
+    summaries: Sequence[Summary],
     *,
     sweep: pd.DataFrame | None = None,
-    capacity: dict[str, Any] | None = None,
+    capacity: CapacityDoc | None = None,
 ) -> str:
     """The whole report as one HTML document (no external resources)."""
     parts = [
@@ -421,27 +431,27 @@ def render_html(
         "<h1>Agentic trace replay report</h1>",
     ]
     for s in summaries:
-        r = s["run"]
-        sim = " (simulated endpoint)" if r.get("simulated") else ""
+        r = s.run
+        sim = " (simulated endpoint)" if r.simulated else ""
         parts.append(
-            f"<p class='note'><b>{html.escape(r['name'])}</b>: model "
-            f"{html.escape(str(r.get('model')))} at "
-            f"{html.escape(str(r.get('endpoint')))}{sim}; mode "
-            f"{html.escape(json.dumps(r.get('mode')))}</p>"
+            f"<p class='note'><b>{html.escape(r.name)}</b>: model "
+            f"{html.escape(str(r.model))} at "
+            f"{html.escape(str(r.endpoint))}{sim}; mode "
+            f"{html.escape(json.dumps(as_json(r.mode)))}</p>"
         )
     rows = summary_rows(summaries)
     parts.append("<h2>Summary</h2>")
-    parts.append(_table(["", *(s["run"]["name"] for s in summaries)], rows))
+    parts.append(_table(["", *(s.run.name for s in summaries)], rows))
     parts.append("<h2>Latency</h2>")
     parts.append(cdf_plot(runs, "ttft_ms"))
     parts.append(cdf_plot(runs, "e2e_ms"))
-    if capacity is not None and capacity.get("cells"):
-        result = capacity["result"]
+    if capacity is not None and capacity.cells and capacity.result is not None:
+        result = capacity.result
         parts.append("<h2>Capacity under the SLO</h2>")
         parts.append(
-            f"<p>Highest level within the SLO: <b>{result['max_level']:g}</b>"
-            f" ({html.escape(result['status'])}); "
-            + html.escape("; ".join(result["failed_because"]) or "no failing level")
+            f"<p>Highest level within the SLO: <b>{result.max_level:g}</b>"
+            f" ({html.escape(result.status)}); "
+            + html.escape("; ".join(result.failed_because) or "no failing level")
             + "</p>"
         )
         parts.extend(
@@ -470,22 +480,21 @@ def render_html(
     parts.append("<h2>By turn and subagent depth</h2>")
     for s in summaries:
         parts.append(position_plot(s))
-        for key, title in (("by_turn", "turn"), ("by_depth", "subagent depth")):
-            by: list[dict[str, Any]] = s.get(key) or []
-            lru = any("hit_rate_lru" in r for r in by)
+        for by, title in ((s.by_turn, "turn"), (s.by_depth, "subagent depth")):
+            lru = any(r.hit_rate_lru is not None for r in by)
             parts.append(
                 _table(
                     [title, "requests", "TTFT p50 (ms)", "TTFT p90 (ms)",
                      "E2E p90 (ms)", "hit server", "hit ideal",
                      *(["hit LRU"] if lru else [])],
                     [
-                        [str(r["group"]), fmt_value(r["requests"], "int"),
-                         fmt_value(r["ttft_ms_p50"], "num"),
-                         fmt_value(r["ttft_ms_p90"], "num"),
-                         fmt_value(r["e2e_ms_p90"], "num"),
-                         fmt_value(r["hit_rate_server"], "pct"),
-                         fmt_value(r["hit_rate_ideal"], "pct"),
-                         *([fmt_value(r.get("hit_rate_lru"), "pct")] if lru else [])]
+                        [r.group, fmt_value(r.requests, "int"),
+                         fmt_value(r.ttft_ms_p50, "num"),
+                         fmt_value(r.ttft_ms_p90, "num"),
+                         fmt_value(r.e2e_ms_p90, "num"),
+                         fmt_value(r.hit_rate_server, "pct"),
+                         fmt_value(r.hit_rate_ideal, "pct"),
+                         *([fmt_value(r.hit_rate_lru, "pct")] if lru else [])]
                         for r in by
                     ],
                 )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
@@ -28,7 +29,9 @@ import pandas as pd
 
 from analysis import metrics as m
 from analysis.compare import bootstrap
-from replayer.records import SteadyWindow, steady_window
+from analysis.results import Interval, SteadyFigure, SteadyState, SteadyThroughput
+from replayer.records import SteadyRecord, SteadyWindow, steady_window
+from replayer.records.capacity import SloCheck
 from traces.stats import PERCENTILE_METHOD
 
 FloatArray = npt.NDArray[np.float64]
@@ -154,19 +157,20 @@ def percentile_ci(
     return out
 
 
-def _figure(values: FloatArray, seed: int) -> dict[str, Any]:
-    cis = percentile_ci(values, QUANTILES, seed=seed)
-    out: dict[str, Any] = {
-        f"p{q:g}": point for q, (point, _, _) in zip(QUANTILES, cis, strict=True)
-    }
-    out["count"] = int(np.count_nonzero(~np.isnan(values)))
-    out["ci"] = {
-        f"p{q:g}": [lo, hi] for q, (_, lo, hi) in zip(QUANTILES, cis, strict=True)
-    }
-    return out
+def _figure(values: FloatArray, seed: int) -> SteadyFigure:
+    (p50, lo50, hi50), (p90, lo90, hi90), (p99, lo99, hi99) = percentile_ci(
+        values, QUANTILES, seed=seed
+    )
+    return SteadyFigure(
+        p50=p50,
+        p90=p90,
+        p99=p99,
+        count=int(np.count_nonzero(~np.isnan(values))),
+        ci=Interval(p50=(lo50, hi50), p90=(lo90, hi90), p99=(lo99, hi99)),
+    )
 
 
-def steady_state(df: pd.DataFrame, *, seed: int = 0) -> dict[str, Any] | None:
+def steady_state(df: pd.DataFrame, *, seed: int = 0) -> SteadyState | None:
     """The ``steady_state`` block of ``analyze --json``: the window, and over it
     each latency's p50/p90/p99 with their CIs, and the throughput (None: no request
     ended)."""
@@ -174,23 +178,38 @@ def steady_state(df: pd.DataFrame, *, seed: int = 0) -> dict[str, Any] | None:
     if window is None:
         return None
     sub = in_window(df, window)
-    out: dict[str, Any] = {
-        "window": window.as_dict(),
-        "requests": int(m.measured_ok(sub).sum()),
-        "confidence": CONFIDENCE,
-    }
-    for name, fn in METRICS.items():
-        out[name] = _figure(fn(sub), seed)
     tp = m.throughput_tok_s(sub)
-    out["throughput_tok_s"] = {
-        k: tp[k] for k in ("input", "output", "total", "requests")
-    }
-    return out
+    return SteadyState(
+        window=window.record(),
+        requests=int(m.measured_ok(sub).sum()),
+        confidence=CONFIDENCE,
+        ttft_ms=_figure(m.ttft_ms(sub), seed),
+        queued_ttft_ms=_figure(m.queued_ttft_ms(sub), seed),
+        tpot_ms=_figure(m.tpot_ms(sub), seed),
+        e2e_ms=_figure(m.e2e_ms(sub), seed),
+        queued_e2e_ms=_figure(m.queued_e2e_ms(sub), seed),
+        throughput_tok_s=SteadyThroughput(
+            input=tp.input, output=tp.output, total=tp.total, requests=tp.requests
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SloVerdict:
+    """A run judged against an SLO over its steady-state window."""
+
+    passed: bool  # every objective met, and a request in the window succeeded
+    borderline: bool  # some objective's CI contains its target
+    percentile: float
+    checks: tuple[SloCheck, ...]
+    reasons: tuple[str, ...]  # per failing objective: value against target
+    window: SteadyRecord | None
+    requests: int  # ok measured requests in the window
 
 
 def slo_verdict(
     df: pd.DataFrame, slo: m.Slo, *, percentile: float = 90.0, seed: int = 0
-) -> dict[str, Any]:
+) -> SloVerdict:
     """Whether the run meets ``slo`` at ``percentile`` over its steady-state window.
 
     Each objective is judged on the queue-inclusive latency (:data:`SLO_METRICS`).
@@ -201,43 +220,42 @@ def slo_verdict(
     """
     window = window_of(df)
     sub = in_window(df, window) if window is not None else df.iloc[:0]
-    checks: list[dict[str, Any]] = []
+    checks: list[SloCheck] = []
     for key, target in slo.as_dict().items():
         metric = SLO_METRICS[key]
         ((value, lo, hi),) = percentile_ci(
             METRICS[metric](sub), [percentile], seed=seed
         )
-        ok = bool(value <= target)  # NaN (no data) fails
         checks.append(
-            {
-                "slo": key,
-                "metric": metric,
-                "target_ms": target,
-                "value_ms": value,
-                "ci_ms": [lo, hi],
-                "pass": ok,
-                "borderline": bool(lo <= target <= hi),
-            }
+            SloCheck(
+                slo=key,
+                metric=metric,
+                target_ms=target,
+                value_ms=value,
+                ci_ms=(lo, hi),
+                passed=bool(value <= target),  # NaN (no data) fails
+                borderline=bool(lo <= target <= hi),
+            )
         )
     n_ok = int(m.measured_ok(sub).sum())
     reasons = [
-        f"{c['metric'].removesuffix('_ms')} p{percentile:g} "
-        f"{_ms(c['value_ms'])} > {_ms(c['target_ms'])} "
-        f"(CI {_ms(c['ci_ms'][0])} to {_ms(c['ci_ms'][1])})"
+        f"{c.metric.removesuffix('_ms')} p{percentile:g} "
+        f"{_ms(c.value_ms)} > {_ms(c.target_ms)} "
+        f"(CI {_ms(c.ci_ms[0])} to {_ms(c.ci_ms[1])})"
         for c in checks
-        if not c["pass"] and not math.isnan(c["value_ms"])
+        if not c.passed and not math.isnan(c.value_ms)
     ]
     if n_ok == 0:
         reasons.insert(0, "no request succeeded in the steady-state window")
-    return {
-        "pass": n_ok > 0 and all(c["pass"] for c in checks),
-        "borderline": any(c["borderline"] for c in checks),
-        "percentile": percentile,
-        "checks": checks,
-        "reasons": reasons,
-        "window": window.as_dict() if window is not None else None,
-        "requests": n_ok,
-    }
+    return SloVerdict(
+        passed=n_ok > 0 and all(c.passed for c in checks),
+        borderline=any(c.borderline for c in checks),
+        percentile=percentile,
+        checks=tuple(checks),
+        reasons=tuple(reasons),
+        window=window.record() if window is not None else None,
+        requests=n_ok,
+    )
 
 
 def _ms(v: float) -> str:

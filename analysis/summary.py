@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,24 @@ from analysis.cache import lru_cached_tokens, miss_impact, request_cache
 from analysis.depth import by_turn_and_depth
 from analysis.errors import AnalysisError
 from analysis.load import Run, block_tokens_of
+from analysis.results import (
+    CacheMisses,
+    CacheRates,
+    Counts,
+    DispatchLag,
+    Goodput,
+    Interactivity,
+    Latency,
+    LruEstimate,
+    PositionRow,
+    RunClientCheck,
+    RunInfo,
+    SessionTrees,
+    SteadyState,
+    Throughput,
+    Validity,
+    as_json,
+)
 from analysis.sessions import session_trees
 from analysis.steady import steady_state
 from analysis.validity import block_ideal_hit_rate, verdict
@@ -35,65 +53,67 @@ class Summary:
     NaN means "unavailable" and becomes null in JSON.
     """
 
-    run: dict[str, Any]  # path, run_id, model, endpoint, mode, labels, complete ...
-    counts: dict[str, Any]  # requests, ok, errors{status: n}, warmup, measured_ok
-    ttft_ms: dict[str, float]
-    tpot_ms: dict[str, float]
-    itl_ms: dict[str, float]
-    itl_spread_ms: dict[str, float]  # each read's wait spread over its chunks
+    run: RunInfo
+    counts: Counts
+    ttft_ms: Latency
+    tpot_ms: Latency
+    itl_ms: Latency
+    itl_spread_ms: Latency  # each read's wait spread over its chunks
     itl_coalesced_share: float  # share of chunk gaps that are 0 ns
-    e2e_ms: dict[str, float]
+    e2e_ms: Latency
     # From scheduled_ns (when the session wanted to send): client queueing included.
-    queued_ttft_ms: dict[str, float]
-    queued_e2e_ms: dict[str, float]
+    queued_ttft_ms: Latency
+    queued_e2e_ms: Latency
     # The steady-state window and percentiles with CIs over it (analysis.steady).
-    steady_state: dict[str, Any] | None
-    interactivity_tok_s: dict[str, float]  # p50, p90 (p90 = the slow end)
+    steady_state: SteadyState | None
+    interactivity_tok_s: Interactivity
     e2e_norm_interactivity_tok_s: float
-    throughput_tok_s: dict[str, Any]  # input, output, total, requests, per_gpu?
-    dispatch_lag_ms: dict[str, float]
-    cache_hit_rate: dict[str, Any]  # server, ideal, prometheus, lru? (+ capacity)
-    cache_misses: dict[str, Any]
-    session_trees: dict[str, Any]
-    by_turn: list[dict[str, Any]]  # per turn bucket: latency and hit rates
-    by_depth: list[dict[str, Any]]  # per subagent depth: the same
-    goodput: dict[str, Any] | None = None
+    throughput_tok_s: Throughput
+    dispatch_lag_ms: DispatchLag
+    cache_hit_rate: CacheRates
+    cache_misses: CacheMisses
+    session_trees: SessionTrees
+    by_turn: tuple[PositionRow, ...]  # per turn bucket: latency and hit rates
+    by_depth: tuple[PositionRow, ...]  # per subagent depth: the same
+    goodput: Goodput | None = None
     gpus: int | None = None
-    # The client's self-check (run.json), with connection waits from the rows:
-    # limited, reasons, server_notes, loop_lag_ms, loop_cpu_share, pool_wait_ms,
-    # slot_wait_ms, connect_ms. None: not recorded.
-    client_check: dict[str, Any] | None = None
-    # The AgentX verdict (analysis.validity): valid, invalid_reasons, window, gates.
-    validity: dict[str, Any] | None = None
+    # The client's self-check (run.json), with connection waits from the rows.
+    # None: not recorded.
+    client_check: RunClientCheck | None = None
+    # The AgentX verdict (analysis.validity).
+    validity: Validity | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (NaN left as NaN; ``cli.echo_json`` prints null)."""
         out: dict[str, Any] = {
-            "run": self.run,
-            **self.counts,
-            "ttft_ms": self.ttft_ms,
-            "tpot_ms": self.tpot_ms,
-            "itl_ms": self.itl_ms,
-            "itl_spread_ms": self.itl_spread_ms,
-            "itl_coalesced_share": self.itl_coalesced_share,
-            "e2e_ms": self.e2e_ms,
-            "queued_ttft_ms": self.queued_ttft_ms,
-            "queued_e2e_ms": self.queued_e2e_ms,
-            "steady_state": self.steady_state,
-            "interactivity_tok_s": self.interactivity_tok_s,
-            "e2e_norm_interactivity_tok_s": self.e2e_norm_interactivity_tok_s,
-            "throughput_tok_s": self.throughput_tok_s,
-            "dispatch_lag_ms": self.dispatch_lag_ms,
-            "cache_hit_rate": self.cache_hit_rate,
-            "cache_misses": self.cache_misses,
-            "session_trees": self.session_trees,
-            "by_turn": self.by_turn,
-            "by_depth": self.by_depth,
-            "gpus": self.gpus,
+            "run": self.run.as_dict(),
+            **self.counts.as_dict(),
         }
+        for name in (
+            "ttft_ms",
+            "tpot_ms",
+            "itl_ms",
+            "itl_spread_ms",
+            "itl_coalesced_share",
+            "e2e_ms",
+            "queued_ttft_ms",
+            "queued_e2e_ms",
+            "steady_state",
+            "interactivity_tok_s",
+            "e2e_norm_interactivity_tok_s",
+            "throughput_tok_s",
+            "dispatch_lag_ms",
+            "cache_hit_rate",
+            "cache_misses",
+            "session_trees",
+            "by_turn",
+            "by_depth",
+            "gpus",
+        ):
+            out[name] = as_json(getattr(self, name))
         if self.goodput is not None:
-            out["goodput"] = self.goodput
-        out["client_check"] = self.client_check
+            out["goodput"] = self.goodput.as_dict()
+        out["client_check"] = as_json(self.client_check)
         if self.validity is not None:
             out.update(agentx_figures(self))
         return out
@@ -104,67 +124,66 @@ def agentx_figures(s: Summary) -> dict[str, Any]:
     ``invalid_reasons``, ``window`` and ``agentx`` (E2E-normalized interactivity,
     interactivity, throughput per GPU, theoretical vs server prefix hit, labels)."""
     assert s.validity is not None
-    tput = s.throughput_tok_s
+    v = s.validity
     return {
-        "valid": s.validity["valid"],
-        "invalid_reasons": s.validity["invalid_reasons"],
-        "window": s.validity["window"],
+        "valid": v.valid,
+        "invalid_reasons": list(v.invalid_reasons),
+        "window": v.window.as_dict(),
         "agentx": {
             "e2e_norm_interactivity_tok_s": s.e2e_norm_interactivity_tok_s,
-            "interactivity_tok_s": s.interactivity_tok_s,
-            "throughput_per_gpu_tok_s": tput.get("per_gpu"),
+            "interactivity_tok_s": s.interactivity_tok_s.as_dict(),
+            "throughput_per_gpu_tok_s": as_json(s.throughput_tok_s.per_gpu),
             "prefix_hit": {
-                "theoretical": s.cache_hit_rate.get("ideal"),
-                "theoretical_server_blocks": s.validity["block_ideal"],
-                "server": s.cache_hit_rate.get("server"),
+                "theoretical": s.cache_hit_rate.ideal,
+                "theoretical_server_blocks": v.block_ideal,
+                "server": s.cache_hit_rate.server,
             },
-            "gates": s.validity["gates"],
-            "live_drift": s.validity["live_drift"],
-            "labels": s.run.get("labels"),
+            "gates": v.gates.as_dict(),
+            "live_drift": as_json(v.live_drift),
+            "labels": as_json(s.run.labels),
         },
     }
 
 
-def _run_info(run: Run) -> dict[str, Any]:
+def _run_info(run: Run) -> RunInfo:
     meta = run.meta
     # A run without any metadata says null, not RunMeta's defaults (no made-up mode).
     known = meta != RunMeta()
-    return {
-        "path": str(run.path),
-        "name": run.name,
-        "run_id": meta.run_id or None,
-        "model": meta.model,
-        "endpoint": meta.endpoint,
-        "api": meta.api,
-        "simulated": meta.simulated if known else None,
-        "mode": asdict(meta.mode) if known else None,
-        "labels": dict(meta.labels) if known else None,
-        "duration_s": meta.duration_s,
+    return RunInfo(
+        path=str(run.path),
+        name=run.name,
+        run_id=meta.run_id or None,
+        model=meta.model,
+        endpoint=meta.endpoint,
+        api=meta.api,
+        simulated=meta.simulated if known else None,
+        mode=meta.mode if known else None,
+        labels=dict(meta.labels) if known else None,
+        duration_s=meta.duration_s,
         # Ended on its own, having played what it was meant to; else why not.
-        "complete": meta.incomplete_reason is None,
-        "incomplete_reason": meta.incomplete_reason,
-        "problems": list(run.problems),
-    }
+        complete=meta.incomplete_reason is None,
+        incomplete_reason=meta.incomplete_reason,
+        problems=tuple(run.problems),
+    )
 
 
-def _client_check(run: Run) -> dict[str, Any] | None:
+def _client_check(run: Run) -> RunClientCheck | None:
     """run.json's self-check verdict, with the connection waits of the rows (ms):
     ``pool_wait_ms`` (both parts), ``slot_wait_ms`` and ``connect_ms``."""
     recorded = run.meta.client_check
     df = run.requests
     waits = {
-        f"{name[:-3]}_ms": (
-            m.column(df, name) / 1e6 if name in df.columns else np.array([])
-        )
+        name: (m.column(df, name) / 1e6 if name in df.columns else np.array([]))
         for name in ("pool_wait_ns", "slot_wait_ns", "connect_ns")
     }
-    if recorded is None and not np.isfinite(waits["pool_wait_ms"]).any():
+    if recorded is None and not np.isfinite(waits["pool_wait_ns"]).any():
         return None
-    out = dict(recorded or {"limited": None, "reasons": []})
-    out.pop("workers", None)
-    out.setdefault("server_notes", [])  # a run.json from before they were kept
-    out.update({key: m.describe(values) for key, values in waits.items()})
-    return out
+    return RunClientCheck(
+        recorded=recorded,
+        pool_wait_ms=m.describe(waits["pool_wait_ns"]),
+        slot_wait_ms=m.describe(waits["slot_wait_ns"]),
+        connect_ms=m.describe(waits["connect_ns"]),
+    )
 
 
 def _per_s(ms: float) -> float:
@@ -184,32 +203,32 @@ def _threads() -> int:
     return max(1, min(3, (os.cpu_count() or 1) - 1))
 
 
-def _itl(df: pd.DataFrame) -> tuple[dict[str, float], dict[str, float], float]:
+def _itl(df: pd.DataFrame) -> tuple[Latency, Latency, float]:
     """ITL figures, spread ITL figures and the share of 0 ns gaps."""
     itl, spread = m.itl_and_spread_ms(df)
     figures = m.describe(itl)
-    spread_figures = dict(figures) if spread is itl else m.describe(spread)
+    spread_figures = figures if spread is itl else m.describe(spread)
     return figures, spread_figures, m.itl_coalesced_share(df, itl)
 
 
-def _trees(df: pd.DataFrame) -> dict[str, Any]:
+def _trees(df: pd.DataFrame) -> SessionTrees:
     trees = session_trees(df)
     measured = trees[~trees["warmup"].astype(bool)] if not trees.empty else trees
     wall = measured["wall_ms"].to_numpy(dtype=float)
     join = measured["join_wait_ms"].to_numpy(dtype=float)
     total_wall = float(np.nansum(wall))
-    return {
-        "trees": len(trees),
-        "measured_trees": len(measured),
-        "wall_ms": m.describe(wall),
-        "critical_path_ttft_ms": m.describe(
+    return SessionTrees(
+        trees=len(trees),
+        measured_trees=len(measured),
+        wall_ms=m.describe(wall),
+        critical_path_ttft_ms=m.describe(
             measured["critical_path_ttft_ms"].to_numpy(dtype=float)
         ),
-        "join_wait_ms": m.describe(join),
-        "join_wait_share": float(np.nansum(join)) / total_wall
+        join_wait_ms=m.describe(join),
+        join_wait_share=float(np.nansum(join)) / total_wall
         if total_wall > 0
         else math.nan,
-    }
+    )
 
 
 def summarize(
@@ -236,17 +255,7 @@ def summarize(
     df = m.numeric_view(run.requests)
     gpus = _gpus(run, gpus)
     lru = None
-    rates: dict[str, Any] = {
-        "server": m.server_hit_rate(df),
-        "ideal": m.ideal_hit_rate(df),
-        "prometheus": m.prometheus_hit_rate(
-            run.server_metrics, run.meta.measure_start_ns
-        ),
-    }
-    if run.meta.trace.provider_cache_hit_rate is not None:
-        # An imported agent log: what its own provider served from cache, beside
-        # what this server did with the same traffic.
-        rates["provider"] = run.meta.trace.provider_cache_hit_rate
+    estimate: LruEstimate | None = None
     block = block_tokens_of(run, trace)
     # Servers cache whole blocks of their own size: a shortfall within one of them
     # is rounding, not a miss. Unknown server block: the replay's.
@@ -265,9 +274,20 @@ def summarize(
             capacity_tokens=kv_capacity_tokens,
             host_capacity_tokens=host_capacity_tokens,
         )
-        rates["lru"] = m.lru_hit_rate(df, lru)
-        rates["lru_capacity_tokens"] = kv_capacity_tokens
-        rates["lru_host_capacity_tokens"] = host_capacity_tokens
+        estimate = LruEstimate(
+            hit_rate=m.lru_hit_rate(df, lru),
+            capacity_tokens=kv_capacity_tokens,
+            host_capacity_tokens=host_capacity_tokens,
+        )
+    rates = CacheRates(
+        server=m.server_hit_rate(df),
+        ideal=m.ideal_hit_rate(df),
+        prometheus=m.prometheus_hit_rate(run.server_metrics, run.meta.measure_start_ns),
+        # An imported agent log: what its own provider served from cache, beside
+        # what this server did with the same traffic.
+        provider=run.meta.trace.provider_cache_hit_rate,
+        lru=estimate,
+    )
     per_request = request_cache(
         df,
         lru,
@@ -299,14 +319,16 @@ def summarize(
             queued_e2e_ms=m.describe(m.queued_e2e_ms(df)),
             steady_state=steady_job.result(),
             # = m.interactivity_tok_s(df), from the TPOT percentiles already computed.
-            interactivity_tok_s={q: _per_s(tpot[q]) for q in ("p50", "p90")},
+            interactivity_tok_s=Interactivity(
+                p50=_per_s(tpot.p50), p90=_per_s(tpot.p90)
+            ),
             e2e_norm_interactivity_tok_s=m.e2e_norm_interactivity_tok_s(df),
             throughput_tok_s=m.throughput_tok_s(df, gpus),
-            dispatch_lag_ms={
-                "mean": float(lag.mean()) if lag.size else math.nan,
-                "p50": lag_p50,
-                "p99": lag_p99,
-            },
+            dispatch_lag_ms=DispatchLag(
+                mean=float(lag.mean()) if lag.size else math.nan,
+                p50=lag_p50,
+                p99=lag_p99,
+            ),
             cache_hit_rate=rates,
             cache_misses=miss_impact(per_request, tolerance_tokens=tolerance),
             session_trees=trees_job.result(),
@@ -315,8 +337,7 @@ def summarize(
             goodput=m.goodput(df, slo) if slo is not None else None,
             gpus=gpus,
             client_check=_client_check(run),
-            validity={
-                **verdict(df, run.meta),
-                "block_ideal": block_ideal_hit_rate(df, tolerance),
-            },
+            validity=verdict(
+                df, run.meta, block_ideal=block_ideal_hit_rate(df, tolerance)
+            ),
         )

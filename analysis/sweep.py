@@ -1,15 +1,14 @@
 """Sweeps: one row per level and the throughput-per-GPU vs interactivity Pareto front.
-
-Pure: summaries (``Summary.as_dict()``) in, a DataFrame / level names out.
-"""
+Pure: summaries in, a DataFrame / level names out."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from analysis.summary import Summary
 
 SWEEP_COLUMNS = (
     "level",
@@ -24,26 +23,26 @@ SWEEP_COLUMNS = (
 )
 
 
-def sweep_table(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def sweep_table(summaries: Sequence[Summary]) -> pd.DataFrame:
     """One row per level: x = E2E-normalized interactivity (tok/s/user, the AgentX
     headline), y = output throughput (tok/s; ``per_gpu`` says whether it is per GPU:
     only when every level knows its GPU count), and whether it is on the front."""
-    per_gpu = all("per_gpu" in s["throughput_tok_s"] for s in summaries)
+    per_gpu = all(s.throughput_tok_s.per_gpu is not None for s in summaries)
     rows = []
     for s in summaries:
-        tp = s["throughput_tok_s"]
+        tp = s.throughput_tok_s
         rows.append(
             {
-                "level": s["run"]["name"],
-                "concurrency": ((s["run"].get("mode") or {}).get("concurrency")),
-                "interactivity_tok_s": s["e2e_norm_interactivity_tok_s"],
-                "throughput_tok_s": tp["per_gpu"]["output"]
-                if per_gpu
-                else tp["output"],
+                "level": s.run.name,
+                "concurrency": None if s.run.mode is None else s.run.mode.concurrency,
+                "interactivity_tok_s": s.e2e_norm_interactivity_tok_s,
+                "throughput_tok_s": tp.per_gpu.output
+                if tp.per_gpu is not None and per_gpu
+                else tp.output,
                 "per_gpu": per_gpu,
-                "ttft_p90_ms": s["ttft_ms"]["p90"],
-                "e2e_p90_ms": s["e2e_ms"]["p90"],
-                "ok": s["ok"],
+                "ttft_p90_ms": s.ttft_ms.p90,
+                "e2e_p90_ms": s.e2e_ms.p90,
+                "ok": s.counts.ok,
             }
         )
     table = pd.DataFrame(rows, columns=list(SWEEP_COLUMNS[:-1]))

@@ -1,7 +1,5 @@
 """Plain-text tables of summaries (one column per run), sweeps and comparisons.
-
-Rendering only: dicts in, a string out; the CLI prints it.
-"""
+Rendering only: summaries in, a string out; the CLI prints it."""
 
 from __future__ import annotations
 
@@ -11,31 +9,64 @@ from typing import Any
 
 import pandas as pd
 
-Getter = Callable[[dict[str, Any]], Any]
+from analysis.results import Validity
+from analysis.summary import Summary
+
+Getter = Callable[[Summary], Any]
 
 
-def _get(*keys: str) -> Getter:
-    def get(d: dict[str, Any]) -> Any:
-        for k in keys:
-            if not isinstance(d, dict) or k not in d:
-                return None
-            d = d[k]
-        return d
+def _steady(metric: str, stat: str) -> Getter:
+    """A figure of the steady-state window (``window``'s or a latency's)."""
+
+    def get(s: Summary) -> Any:
+        return (
+            None
+            if s.steady_state is None
+            else getattr(getattr(s.steady_state, metric), stat)
+        )
 
     return get
 
 
 def _ci(metric: str) -> Getter:
     """The steady-state p90 CI of ``metric`` as "[low, high]"."""
-    get = _get("steady_state", metric, "ci", "p90")
 
-    def cell(d: dict[str, Any]) -> Any:
-        ci = get(d)
-        if not ci:
+    def cell(s: Summary) -> Any:
+        if s.steady_state is None:
             return None
-        return f"[{fmt_value(ci[0], 'num')}, {fmt_value(ci[1], 'num')}]"
+        lo, hi = getattr(s.steady_state, metric).ci.p90
+        return f"[{fmt_value(lo, 'num')}, {fmt_value(hi, 'num')}]"
 
     return cell
+
+
+def _check(figure: str, stat: str) -> Getter:
+    """A figure of the client self-check."""
+
+    def get(s: Summary) -> Any:
+        c = s.client_check
+        if c is None:
+            return None
+        if figure in ("pool_wait_ms", "slot_wait_ms", "connect_ms"):
+            return getattr(getattr(c, figure), stat)
+        return c.figure(figure).get(stat)
+
+    return get
+
+
+def _per_gpu(kind: str) -> Getter:
+    def get(s: Summary) -> Any:
+        per_gpu = s.throughput_tok_s.per_gpu
+        return None if per_gpu is None else getattr(per_gpu, kind)
+
+    return get
+
+
+def _goodput(name: str) -> Getter:
+    def get(s: Summary) -> Any:
+        return None if s.goodput is None else getattr(s.goodput, name)
+
+    return get
 
 
 def fmt_value(value: Any, kind: str) -> str:
@@ -51,100 +82,106 @@ def fmt_value(value: Any, kind: str) -> str:
 
 
 ROWS: tuple[tuple[str, Getter, str], ...] = (
-    ("requests", _get("requests"), "int"),
-    ("ok", _get("ok"), "int"),
-    ("warm-up (excluded)", _get("warmup"), "int"),
-    ("measured ok", _get("measured_ok"), "int"),
-    ("TTFT p50 (ms)", _get("ttft_ms", "p50"), "num"),
-    ("TTFT p90 (ms)", _get("ttft_ms", "p90"), "num"),
-    ("TTFT p99 (ms)", _get("ttft_ms", "p99"), "num"),
-    ("TPOT p50 (ms)", _get("tpot_ms", "p50"), "num"),
-    ("TPOT p90 (ms)", _get("tpot_ms", "p90"), "num"),
-    ("ITL p50 (ms)", _get("itl_ms", "p50"), "num"),
-    ("ITL p90 (ms)", _get("itl_ms", "p90"), "num"),
-    ("  chunk gaps of 0 ns (coalesced)", _get("itl_coalesced_share"), "pct"),
-    ("ITL spread p50 (ms)", _get("itl_spread_ms", "p50"), "num"),
-    ("ITL spread p90 (ms)", _get("itl_spread_ms", "p90"), "num"),
-    ("E2E p50 (ms)", _get("e2e_ms", "p50"), "num"),
-    ("E2E p90 (ms)", _get("e2e_ms", "p90"), "num"),
-    ("TTFT from scheduled p90 (ms)", _get("queued_ttft_ms", "p90"), "num"),
-    ("E2E from scheduled p90 (ms)", _get("queued_e2e_ms", "p90"), "num"),
-    ("steady window start (s)", _get("steady_state", "window", "start_s"), "num"),
-    ("steady window end (s)", _get("steady_state", "window", "end_s"), "num"),
-    ("steady TTFT p90 (ms)", _get("steady_state", "ttft_ms", "p90"), "num"),
+    ("requests", lambda s: s.counts.requests, "int"),
+    ("ok", lambda s: s.counts.ok, "int"),
+    ("warm-up (excluded)", lambda s: s.counts.warmup, "int"),
+    ("measured ok", lambda s: s.counts.measured_ok, "int"),
+    ("TTFT p50 (ms)", lambda s: s.ttft_ms.p50, "num"),
+    ("TTFT p90 (ms)", lambda s: s.ttft_ms.p90, "num"),
+    ("TTFT p99 (ms)", lambda s: s.ttft_ms.p99, "num"),
+    ("TPOT p50 (ms)", lambda s: s.tpot_ms.p50, "num"),
+    ("TPOT p90 (ms)", lambda s: s.tpot_ms.p90, "num"),
+    ("ITL p50 (ms)", lambda s: s.itl_ms.p50, "num"),
+    ("ITL p90 (ms)", lambda s: s.itl_ms.p90, "num"),
+    ("  chunk gaps of 0 ns (coalesced)", lambda s: s.itl_coalesced_share, "pct"),
+    ("ITL spread p50 (ms)", lambda s: s.itl_spread_ms.p50, "num"),
+    ("ITL spread p90 (ms)", lambda s: s.itl_spread_ms.p90, "num"),
+    ("E2E p50 (ms)", lambda s: s.e2e_ms.p50, "num"),
+    ("E2E p90 (ms)", lambda s: s.e2e_ms.p90, "num"),
+    ("TTFT from scheduled p90 (ms)", lambda s: s.queued_ttft_ms.p90, "num"),
+    ("E2E from scheduled p90 (ms)", lambda s: s.queued_e2e_ms.p90, "num"),
+    ("steady window start (s)", _steady("window", "start_s"), "num"),
+    ("steady window end (s)", _steady("window", "end_s"), "num"),
+    ("steady TTFT p90 (ms)", _steady("ttft_ms", "p90"), "num"),
     ("  95% CI", _ci("ttft_ms"), "text"),
-    (
-        "steady TTFT from sched. p90 (ms)",
-        _get("steady_state", "queued_ttft_ms", "p90"),
-        "num",
-    ),
-    ("steady TPOT p90 (ms)", _get("steady_state", "tpot_ms", "p90"), "num"),
+    ("steady TTFT from sched. p90 (ms)", _steady("queued_ttft_ms", "p90"), "num"),
+    ("steady TPOT p90 (ms)", _steady("tpot_ms", "p90"), "num"),
     ("  95% CI", _ci("tpot_ms"), "text"),
-    ("steady E2E p90 (ms)", _get("steady_state", "e2e_ms", "p90"), "num"),
+    ("steady E2E p90 (ms)", _steady("e2e_ms", "p90"), "num"),
     ("  95% CI", _ci("e2e_ms"), "text"),
-    ("interactivity p50 (tok/s/user)", _get("interactivity_tok_s", "p50"), "num"),
-    ("interactivity p90 (tok/s/user)", _get("interactivity_tok_s", "p90"), "num"),
+    ("interactivity p50 (tok/s/user)", lambda s: s.interactivity_tok_s.p50, "num"),
+    ("interactivity p90 (tok/s/user)", lambda s: s.interactivity_tok_s.p90, "num"),
     (
         "E2E-norm interactivity (tok/s/user)",
-        _get("e2e_norm_interactivity_tok_s"),
+        lambda s: s.e2e_norm_interactivity_tok_s,
         "num",
     ),
-    ("throughput input (tok/s)", _get("throughput_tok_s", "input"), "num"),
-    ("throughput output (tok/s)", _get("throughput_tok_s", "output"), "num"),
-    ("throughput total (tok/s)", _get("throughput_tok_s", "total"), "num"),
-    ("output tok/s per GPU", _get("throughput_tok_s", "per_gpu", "output"), "num"),
-    ("total tok/s per GPU", _get("throughput_tok_s", "per_gpu", "total"), "num"),
-    ("goodput (fraction)", _get("goodput", "fraction"), "pct"),
-    ("goodput (req/s)", _get("goodput", "requests_s"), "num"),
-    ("dispatch lag p50 (ms)", _get("dispatch_lag_ms", "p50"), "num"),
-    ("dispatch lag p99 (ms)", _get("dispatch_lag_ms", "p99"), "num"),
-    ("cache hit: server", _get("cache_hit_rate", "server"), "pct"),
-    ("cache hit: prometheus", _get("cache_hit_rate", "prometheus"), "pct"),
-    ("cache hit: agent's provider (log)", _get("cache_hit_rate", "provider"), "pct"),
-    ("cache hit: ideal (trace)", _get("cache_hit_rate", "ideal"), "pct"),
-    ("cache hit: LRU estimate", _get("cache_hit_rate", "lru"), "pct"),
-    ("requests missing ideal hit", _get("cache_misses", "requests_with_miss"), "int"),
-    ("TTFT p90, full hit (ms)", _get("cache_misses", "ttft_p90_ms_full_hit"), "num"),
-    ("TTFT p90, with miss (ms)", _get("cache_misses", "ttft_p90_ms_with_miss"), "num"),
-    ("session trees", _get("session_trees", "trees"), "int"),
-    ("tree wall p50 (ms)", _get("session_trees", "wall_ms", "p50"), "num"),
-    ("tree wall p90 (ms)", _get("session_trees", "wall_ms", "p90"), "num"),
+    ("throughput input (tok/s)", lambda s: s.throughput_tok_s.input, "num"),
+    ("throughput output (tok/s)", lambda s: s.throughput_tok_s.output, "num"),
+    ("throughput total (tok/s)", lambda s: s.throughput_tok_s.total, "num"),
+    ("output tok/s per GPU", _per_gpu("output"), "num"),
+    ("total tok/s per GPU", _per_gpu("total"), "num"),
+    ("goodput (fraction)", _goodput("fraction"), "pct"),
+    ("goodput (req/s)", _goodput("requests_s"), "num"),
+    ("dispatch lag p50 (ms)", lambda s: s.dispatch_lag_ms.p50, "num"),
+    ("dispatch lag p99 (ms)", lambda s: s.dispatch_lag_ms.p99, "num"),
+    ("cache hit: server", lambda s: s.cache_hit_rate.server, "pct"),
+    ("cache hit: prometheus", lambda s: s.cache_hit_rate.prometheus, "pct"),
+    ("cache hit: agent's provider (log)", lambda s: s.cache_hit_rate.provider, "pct"),
+    ("cache hit: ideal (trace)", lambda s: s.cache_hit_rate.ideal, "pct"),
     (
-        "critical-path TTFT p90 (ms)",
-        _get("session_trees", "critical_path_ttft_ms", "p90"),
-        "num",
-    ),
-    ("join wait share of wall", _get("session_trees", "join_wait_share"), "pct"),
-    ("client: loop lag p99 (ms)", _get("client_check", "loop_lag_ms", "p99"), "num"),
-    (
-        "client: loop CPU p50 (of a core)",
-        _get("client_check", "loop_cpu_share", "p50"),
+        "cache hit: LRU estimate",
+        lambda s: (
+            None if s.cache_hit_rate.lru is None else s.cache_hit_rate.lru.hit_rate
+        ),
         "pct",
     ),
     (
-        "pool wait p99 (slot + connect, ms)",
-        _get("client_check", "pool_wait_ms", "p99"),
+        "requests missing ideal hit",
+        lambda s: s.cache_misses.requests_with_miss,
+        "int",
+    ),
+    (
+        "TTFT p90, full hit (ms)",
+        lambda s: s.cache_misses.ttft_p90_ms_full_hit,
         "num",
     ),
-    ("client: slot wait p99 (ms)", _get("client_check", "slot_wait_ms", "p99"), "num"),
-    ("server: connect p99 (ms)", _get("client_check", "connect_ms", "p99"), "num"),
+    (
+        "TTFT p90, with miss (ms)",
+        lambda s: s.cache_misses.ttft_p90_ms_with_miss,
+        "num",
+    ),
+    ("session trees", lambda s: s.session_trees.trees, "int"),
+    ("tree wall p50 (ms)", lambda s: s.session_trees.wall_ms.p50, "num"),
+    ("tree wall p90 (ms)", lambda s: s.session_trees.wall_ms.p90, "num"),
+    (
+        "critical-path TTFT p90 (ms)",
+        lambda s: s.session_trees.critical_path_ttft_ms.p90,
+        "num",
+    ),
+    ("join wait share of wall", lambda s: s.session_trees.join_wait_share, "pct"),
+    ("client: loop lag p99 (ms)", _check("loop_lag_ms", "p99"), "num"),
+    ("client: loop CPU p50 (of a core)", _check("loop_cpu_share", "p50"), "pct"),
+    ("pool wait p99 (slot + connect, ms)", _check("pool_wait_ms", "p99"), "num"),
+    ("client: slot wait p99 (ms)", _check("slot_wait_ms", "p99"), "num"),
+    ("server: connect p99 (ms)", _check("connect_ms", "p99"), "num"),
 )
 
 
-def client_notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
+def client_notes(summaries: Sequence[Summary]) -> list[str]:
     """One plain line per run that the client, not the server, limited; one per
     thing the server did that the self-check saw (a slow accept), said as the
     server's."""
     notes = []
     for s in summaries:
-        check = s.get("client_check") or {}
-        notes += [
-            f"{s['run']['name']}: {note}" for note in check.get("server_notes") or ()
-        ]
-        if check.get("limited"):
+        check = s.client_check
+        if check is None:
+            continue
+        notes += [f"{s.run.name}: {note}" for note in check.server_notes]
+        if check.limited:
             notes.append(
-                f"{s['run']['name']}: CLIENT-LIMITED: the replayer, not the server, "
-                f"limited this run ({'; '.join(check.get('reasons', []))}); its "
+                f"{s.run.name}: CLIENT-LIMITED: the replayer, not the server, "
+                f"limited this run ({'; '.join(check.reasons)}); its "
                 "latencies include the client's own delays: rerun with more "
                 "--workers or --ray, or on cores the server does not use"
             )
@@ -161,7 +198,7 @@ def _grid(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def summary_rows(summaries: Sequence[dict[str, Any]]) -> list[list[str]]:
+def summary_rows(summaries: Sequence[Summary]) -> list[list[str]]:
     """[label, cell per run] for each figure of :data:`ROWS` that some run has."""
     body = []
     for label, get, kind in ROWS:
@@ -172,52 +209,42 @@ def summary_rows(summaries: Sequence[dict[str, Any]]) -> list[list[str]]:
     return body
 
 
-def format_summaries(summaries: Sequence[dict[str, Any]]) -> str:
+def format_summaries(summaries: Sequence[Summary]) -> str:
     """The `analyze` table: one row per figure, one column per run."""
-    header = ["", *(s["run"]["name"] for s in summaries)]
+    header = ["", *(s.run.name for s in summaries)]
     body = summary_rows(summaries)
-    for status in summaries[0]["errors"] if summaries else ():
-        cells = [fmt_value(s["errors"].get(status, 0), "int") for s in summaries]
+    for status in summaries[0].counts.errors if summaries else ():
+        cells = [fmt_value(s.counts.errors.get(status, 0), "int") for s in summaries]
         if any(c != "0" for c in cells):
             body.insert(2, [f"  {status}", *cells])
-    notes = [
-        f"{s['run']['name']}: {p}"
-        for s in summaries
-        for p in s["run"].get("problems", [])
-    ]
+    notes = [f"{s.run.name}: {p}" for s in summaries for p in s.run.problems]
     notes += [
-        f"{s['run']['name']}: incomplete run: "
-        + (s["run"].get("incomplete_reason") or "no end time")
+        f"{s.run.name}: incomplete run: " + (s.run.incomplete_reason or "no end time")
         for s in summaries
-        if not s["run"].get("complete", True)
+        if not s.run.complete
     ]
     notes += client_notes(summaries)
     # The verdict line is for runs of the AgentX profile; `--json` has it for all.
     notes += [
-        _verdict_line(s)
+        _verdict_line(s, s.validity)
         for s in summaries
-        if "valid" in s and "not_agentx_profile" not in s.get("invalid_reasons", [])
+        if s.validity is not None
+        and "not_agentx_profile" not in s.validity.invalid_reasons
     ]
     return "\n".join([_grid(header, body), *notes])
 
 
-def _verdict_line(s: dict[str, Any]) -> str:
+def _verdict_line(s: Summary, v: Validity) -> str:
     """One line: the AgentX verdict of a run, its window and its headline."""
-    win = s.get("window") or {}
-    head = s.get("agentx") or {}
-    hit = head.get("prefix_hit") or {}
-    verdict = (
-        "valid"
-        if s["valid"]
-        else "not valid (" + ", ".join(s.get("invalid_reasons", [])) + ")"
-    )
+    win = v.window
+    verdict = "valid" if v.valid else "not valid (" + ", ".join(v.invalid_reasons) + ")"
     return (
-        f"{s['run']['name']}: AgentX {verdict}; window "
-        f"{fmt_value(win.get('start_s'), 'num')}-{fmt_value(win.get('end_s'), 'num')}"
-        f" s, coverage {fmt_value(win.get('coverage'), 'pct')}; E2E-norm "
-        f"interactivity {fmt_value(head.get('e2e_norm_interactivity_tok_s'), 'num')}"
-        f" tok/s/user; prefix hit server {fmt_value(hit.get('server'), 'pct')} vs "
-        f"theoretical {fmt_value(hit.get('theoretical'), 'pct')}"
+        f"{s.run.name}: AgentX {verdict}; window "
+        f"{fmt_value(win.start_s, 'num')}-{fmt_value(win.end_s, 'num')}"
+        f" s, coverage {fmt_value(win.coverage, 'pct')}; E2E-norm "
+        f"interactivity {fmt_value(s.e2e_norm_interactivity_tok_s, 'num')}"
+        f" tok/s/user; prefix hit server {fmt_value(s.cache_hit_rate.server, 'pct')}"
+        f" vs theoretical {fmt_value(s.cache_hit_rate.ideal, 'pct')}"
     )
 
 
@@ -233,17 +260,23 @@ _POSITION_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def format_positions(summary: dict[str, Any]) -> str:
+def format_positions(summary: Summary) -> str:
     """The by-turn and by-subagent-depth tables of one run (latencies in ms)."""
     parts = []
-    for key, title in (("by_turn", "turn"), ("by_depth", "subagent depth")):
-        rows = summary.get(key) or []
-        cols = [c for c in _POSITION_COLUMNS if any(c[1] in r for r in rows)]
+    for rows, title in (
+        (summary.by_turn, "turn"),
+        (summary.by_depth, "subagent depth"),
+    ):
+        cols = [
+            c
+            for c in _POSITION_COLUMNS
+            if any(getattr(r, c[1]) is not None for r in rows)
+        ]
         if not rows:
             continue
         header = [title, *(c[0] for c in cols)]
         body = [
-            [str(r["group"]), *(fmt_value(r.get(k), kind) for _, k, kind in cols)]
+            [r.group, *(fmt_value(getattr(r, k), kind) for _, k, kind in cols)]
             for r in rows
         ]
         parts.append(_grid(header, body))

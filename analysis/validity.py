@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
 from analysis import metrics as m
+from analysis.results import Gates, LiveDrift, Validity, ValidityWindow
 from replayer.records import FAILED_STATUSES, RunMeta
 
 MAX_CONTEXT_OVERFLOW = 0.01  # share of sent requests rejected for their length
@@ -67,7 +67,7 @@ def block_ideal_hit_rate(df: pd.DataFrame, block_tokens: int | None) -> float:
     return m.hit_rate(hits, prompt)
 
 
-def live_drift(df: pd.DataFrame) -> dict[str, float] | None:
+def live_drift(df: pd.DataFrame) -> LiveDrift | None:
     """How far --live-assistant prompts drifted from the trace's, over the window.
 
     Formula: per request, live_drift_tokens = tokens sent - tokens the recorded
@@ -82,22 +82,22 @@ def live_drift(df: pd.DataFrame) -> dict[str, float] | None:
         return None
     d = drift[keep]
     recorded = m.column(df, "prompt_tokens")[keep] - d
-    return {
-        "requests": int(keep.sum()),
-        "mean_tokens": float(d.mean()),
-        "p90_abs_tokens": m.percentile(np.abs(d), 90),
-        "share": float(d.sum() / recorded.sum()) if recorded.sum() else math.nan,
-    }
+    return LiveDrift(
+        requests=int(keep.sum()),
+        mean_tokens=float(d.mean()),
+        p90_abs_tokens=m.percentile(np.abs(d), 90),
+        share=float(d.sum() / recorded.sum()) if recorded.sum() else math.nan,
+    )
 
 
-def window(df: pd.DataFrame, meta: RunMeta) -> dict[str, float]:
+def window(df: pd.DataFrame, meta: RunMeta) -> ValidityWindow:
     """The measured window, s from the run's start: it opens at ``run.json``
     ``measure_start_ns`` and closes at ``--duration`` after that (or, without one,
     at the last measured end). ``coverage`` = (last TTFT or ITL observation in it
     - its start) / its length."""
     start = meta.measure_start_ns / 1e9
     if meta.protocol is not None:
-        length = meta.protocol.get("window_s")
+        length = meta.protocol.window_s
     elif meta.duration_limit_s is not None:  # older runs: from the run's start
         length = meta.duration_limit_s - start
     else:
@@ -110,12 +110,12 @@ def window(df: pd.DataFrame, meta: RunMeta) -> dict[str, float]:
         length = last_end - start if math.isfinite(last_end) else math.nan
     observed = _last_observation_s(df, measured)
     coverage = (observed - start) / length if length and length > 0 else math.nan
-    return {
-        "start_s": start,
-        "end_s": start + length,
-        "length_s": float(length),
-        "coverage": min(coverage, 1.0) if math.isfinite(coverage) else math.nan,
-    }
+    return ValidityWindow(
+        start_s=start,
+        end_s=start + length,
+        length_s=float(length),
+        coverage=min(coverage, 1.0) if math.isfinite(coverage) else math.nan,
+    )
 
 
 def _last_observation_s(df: pd.DataFrame, rows: npt.NDArray[np.bool_]) -> float:
@@ -128,8 +128,9 @@ def _last_observation_s(df: pd.DataFrame, rows: npt.NDArray[np.bool_]) -> float:
     return float(np.nanmax(last)) / 1e9 if np.isfinite(last).any() else math.nan
 
 
-def verdict(df: pd.DataFrame, meta: RunMeta) -> dict[str, Any]:
-    """``valid``, ``invalid_reasons`` (tags) and the figures each gate judged.
+def verdict(df: pd.DataFrame, meta: RunMeta, *, block_ideal: float) -> Validity:
+    """``valid``, ``invalid_reasons`` (tags) and the figures each gate judged;
+    ``block_ideal`` (:func:`block_ideal_hit_rate`) rides along.
 
     Gates: the AgentX profile was used; the run finished (not interrupted, not
     aborted); context overflows <= 1% of sent requests (all phases); the window is
@@ -143,31 +144,32 @@ def verdict(df: pd.DataFrame, meta: RunMeta) -> dict[str, Any]:
     ok = int((m.has_status(df, "ok") & measured).sum())
     failed = int((m.has_status(df, *FAILED_STATUSES) & measured).sum())
     error_rate = failed / (ok + failed) if ok + failed else math.nan
-    protocol = meta.protocol or {}
+    protocol = meta.protocol
     reasons = []
-    if protocol.get("profile") != "agentx":
+    if protocol is None or protocol.profile != "agentx":
         reasons.append("not_agentx_profile")
     if not meta.complete or meta.interrupted:
         reasons.append("run_cancelled")
-    if protocol.get("aborted"):
+    if protocol is not None and protocol.aborted:
         reasons.append("run_aborted")
     if overflow > MAX_CONTEXT_OVERFLOW:
         reasons.append("context_overflow_rate_exceeded")
-    if not win["length_s"] >= MIN_WINDOW_S:
+    if not win.length_s >= MIN_WINDOW_S:
         reasons.append("window_too_short")
-    if not win["coverage"] >= MIN_METRIC_COVERAGE:
+    if not win.coverage >= MIN_METRIC_COVERAGE:
         reasons.append("insufficient_metric_coverage")
     if not error_rate <= MAX_ERROR_RATE:
         reasons.append("error_rate_exceeded")
-    return {
-        "valid": not reasons,
-        "invalid_reasons": reasons,
-        "window": win,
-        "live_drift": live_drift(df),
-        "gates": {
-            "context_overflow_rate": overflow,
-            "window_s": win["length_s"],
-            "metric_coverage": win["coverage"],
-            "error_rate": error_rate,
-        },
-    }
+    return Validity(
+        valid=not reasons,
+        invalid_reasons=tuple(reasons),
+        window=win,
+        live_drift=live_drift(df),
+        gates=Gates(
+            context_overflow_rate=overflow,
+            window_s=win.length_s,
+            metric_coverage=win.coverage,
+            error_rate=error_rate,
+        ),
+        block_ideal=block_ideal,
+    )

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from replayer import __version__
 from replayer.clock import MonotonicClock
@@ -27,7 +27,7 @@ from replayer.config import (
 from replayer.errors import ConfigError, EndpointError
 from replayer.play.client import Client
 from replayer.play.progress import RunSummary
-from replayer.records import RunMeta, TraceInfo
+from replayer.records import RunMeta, SimRecord, TraceInfo
 from replayer.records.rundir import (
     check_new_run_dir,
     new_run_id,
@@ -47,7 +47,7 @@ def replay(
     *,
     run_id: str | None = None,
     progress: TextIO | None = None,
-    sim: dict[str, Any] | None = None,
+    sim: SimRecord | None = None,
 ) -> RunSummary:
     """Replay ``trace`` (a path, or a loaded Trace for one worker) per ``config``
     into ``run_dir`` (default ``runs/<run id>``); return the run's summary.
@@ -125,16 +125,14 @@ def _record_steady_state(summary: RunSummary) -> None:
     path = summary.run_dir / "run.json"
     if summary.steady is not None and path.is_file():
         meta = read_run_json(path)
-        write_run_json(path, replace(meta, steady_state=summary.steady.as_dict()))
+        write_run_json(path, replace(meta, steady_state=summary.steady.record()))
 
 
-def sim_fit_warnings(
-    trace: Trace, config: ReplayConfig, sim: dict[str, Any]
-) -> list[str]:
+def sim_fit_warnings(trace: Trace, config: ReplayConfig, sim: SimRecord) -> list[str]:
     """Whether the built-in simulator's KV cache holds what the replay keeps live:
     with N lanes, about the N largest session trees' longest prompts (as sent)."""
     schedule = config.schedule
-    capacity = int(sim.get("kv_capacity_tokens") or 0)
+    capacity = sim.settings.kv_capacity_tokens
     if not isinstance(schedule, Lanes) or capacity <= 0:
         return []
     peaks = []
@@ -161,22 +159,24 @@ def sim_fit_warnings(
 @contextlib.contextmanager
 def running_endpoint(
     config: ReplayConfig,
-) -> Iterator[tuple[ReplayConfig, dict[str, Any] | None]]:
+) -> Iterator[tuple[ReplayConfig, SimRecord | None]]:
     """``config`` with a URL and a model: the built-in simulated endpoint is started
     (and stopped after) when it names no URL; yields the simulator's settings too.
     A ``--virtual`` config is yielded as it is (each replay makes its own engine)."""
-    sim: dict[str, Any] | None = None
+    sim: SimRecord | None = None
     if config.virtual is not None:  # an engine model in virtual time: no server
         yield config, None
         return
     with contextlib.ExitStack() as stack:
         endpoint = config.endpoint
         if endpoint.base_url is None:
-            from replayer.sim.process import running_sim, sim_settings
+            from replayer.sim.process import running_sim, sim_config
 
             url = stack.enter_context(running_sim(config.sim_args))
             endpoint = replace(endpoint, base_url=url)
-            sim = {"args": " ".join(config.sim_args), **sim_settings(config.sim_args)}
+            sim = SimRecord(
+                args=" ".join(config.sim_args), settings=sim_config(config.sim_args)
+            )
         if endpoint.model is None:
             model = run_async(lambda: served_model(replace(endpoint, model="?")))
             endpoint = replace(endpoint, model=model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -234,3 +235,58 @@ def test_layout_request_path_never_imports_the_sim() -> None:
         if module.startswith("replayer.play")
     }
     assert {k: v for k, v in wrong.items() if v} == {}
+
+
+# The typed documents (DESIGN.md: "typed run.json ... no dict[str, Any] but labels"):
+# each root and every dataclass its fields name, in these modules. Exempt: free-form
+# labels; RunMeta's ``extra`` (keys a newer version wrote) and ``config`` (the
+# effective config as the flags' names: the --config file format, typed by
+# ReplayConfig itself).
+_TYPED_MODULES = (
+    "replayer/records/meta.py",
+    "replayer/records/capacity.py",
+    "replayer/records/engine_model.py",
+    "replayer/sim/config.py",
+    "analysis/results.py",
+    "analysis/summary.py",
+)
+_TYPED_ROOTS = ("RunMeta", "Summary", "CapacityDoc")
+_UNTYPED_FIELDS = {"labels", "RunMeta.extra", "RunMeta.config"}
+
+
+def _field_annotations() -> dict[str, dict[str, str]]:
+    """Class name -> {field: annotation source} over :data:`_TYPED_MODULES`."""
+    classes: dict[str, dict[str, str]] = {}
+    for rel in _TYPED_MODULES:
+        tree = ast.parse((REPO / rel).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                classes[node.name] = {
+                    item.target.id: ast.unparse(item.annotation)
+                    for item in node.body
+                    if isinstance(item, ast.AnnAssign)
+                    and isinstance(item.target, ast.Name)
+                }
+    return classes
+
+
+def test_layout_typed_documents_hold_no_untyped_dicts() -> None:
+    classes = _field_annotations()
+    seen: set[str] = set()
+    todo = list(_TYPED_ROOTS)
+    wrong = []
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for field, annotation in classes[name].items():
+            names = set(re.findall(r"[A-Za-z_]\w*", annotation))
+            exempt = field in _UNTYPED_FIELDS or f"{name}.{field}" in _UNTYPED_FIELDS
+            if "Any" in names and not exempt:
+                wrong.append(f"{name}.{field}: {annotation}")
+            todo += sorted(names & set(classes))
+    # The walk reached the parts (a rename that cuts it off would hide them).
+    assert {"ClientCheck", "ProtocolInfo", "Latency", "SteadyState", "CapacityCell",
+            "SloCheck", "CapacityResult", "RayInfo", "Validity"} <= seen  # fmt: skip
+    assert wrong == []

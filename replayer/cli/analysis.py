@@ -17,6 +17,7 @@ from replayer.cli.params import BLOCK_TOKENS, SEED, TOKENS, count, parse_slo_opt
 if TYPE_CHECKING:
     from analysis.load import Run
     from analysis.metrics import Slo
+    from analysis.summary import Summary
 
 _RUN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 
@@ -30,7 +31,7 @@ def _summaries(
     host_capacity_tokens: int | None,
     trace: Path | None,
     server_block_tokens: int | None,
-) -> list[dict[str, Any]]:
+) -> list[Summary]:
     from analysis.load import load_trace_for
     from analysis.summary import summarize
 
@@ -46,7 +47,7 @@ def _summaries(
             trace=tr,
             server_block_tokens=server_block_tokens,
         )
-        out.append(s.as_dict())
+        out.append(s)
     return out
 
 
@@ -128,23 +129,23 @@ def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
         summaries = _summaries(runs, **options)
         # A capacity folder is a sweep with the search's result beside it.
         capacities = [load_capacity(p) for p, _ in sweeps]
-    by_path = {s["run"]["path"]: s for s in summaries}
+    by_path = {s.run.path: s for s in summaries}
     tables = [
         (p, sweep_table([by_path[str(r.path)] for r in level_runs]))
         for p, level_runs in sweeps
     ]
     if as_json:
         if len(summaries) == 1 and not sweeps:
-            echo_json(summaries[0])
+            echo_json(summaries[0].as_dict())
             return
         echo_json(
             {
-                "runs": summaries,
+                "runs": [s.as_dict() for s in summaries],
                 "sweeps": [
                     {
                         "path": str(p),
                         "levels": t.to_dict(orient="records"),
-                        **({"capacity": c["result"]} if c else {}),
+                        **({"capacity": c.result.as_dict()} if c and c.result else {}),
                     }
                     for (p, t), c in zip(tables, capacities, strict=True)
                 ],
@@ -192,7 +193,7 @@ def compare(
 
     with errors_as_messages():
         a, b = load_run(run_a), load_run(run_b)
-        profiles = [(r.meta.protocol or {}).get("profile") for r in (a, b)]
+        profiles = [r.meta.protocol and r.meta.protocol.profile for r in (a, b)]
         if profiles[0] != profiles[1]:
             click.echo(
                 f"warning: A ({run_a}) ran with profile {profiles[0] or 'none'}, B "
@@ -245,7 +246,7 @@ def report(run_dirs: tuple[Path, ...], out: Path, **options: Any) -> None:
     with errors_as_messages():
         runs, sweeps = _load(run_dirs)
         summaries = _summaries(runs, **options)
-        by_path = {s["run"]["path"]: s for s in summaries}
+        by_path = {s.run.path: s for s in summaries}
         sweep = (
             sweep_table([by_path[str(r.path)] for r in sweeps[0][1]])
             if sweeps

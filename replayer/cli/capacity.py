@@ -7,7 +7,7 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,6 +24,9 @@ from replayer.cli.params import (
     parse_slo_option,
 )
 
+if TYPE_CHECKING:
+    from replayer.records.capacity import CapacityCell, CapacityDoc, Confirmation
+
 
 def _ms(v: float | None) -> str:
     if v is None or not math.isfinite(v):
@@ -31,103 +34,99 @@ def _ms(v: float | None) -> str:
     return f"{v / 1000:,.2f} s" if v >= 1000 else f"{v:,.1f} ms"
 
 
-def _verdict(cell: dict[str, Any]) -> str:
-    if cell.get("client_limited"):
+def _verdict(cell: CapacityCell) -> str:
+    if cell.client_limited:
         return "CLIENT-LIMITED"
-    return "pass" if cell["pass"] else "FAIL"
+    return "pass" if cell.passed else "FAIL"
 
 
-def _cell_line(cell: dict[str, Any], percentile: float) -> str:
+def _cell_line(cell: CapacityCell, percentile: float) -> str:
     verdict = _verdict(cell)
-    if cell["borderline"]:
+    if cell.borderline:
         verdict += " (borderline)"
     figures = ", ".join(
-        f"{c['metric'].removesuffix('_ms')} p{percentile:g} {_ms(c['value_ms'])}"
-        for c in cell["checks"]
+        f"{c.metric.removesuffix('_ms')} p{percentile:g} {_ms(c.value_ms)}"
+        for c in cell.checks
     )
-    err = cell["error_rate"]
+    err = cell.error_rate
     errors = f", errors {err:.1%}" if err else ""
-    line = f"{cell['name']}: {verdict}: {figures}{errors} ({cell['ok']:,} ok)"
-    if cell.get("client_limited"):
+    line = f"{cell.name}: {verdict}: {figures}{errors} ({cell.ok:,} ok)"
+    if cell.client_limited:
         line += (
             "; not counted: the replayer, not the server, limited it ("
-            + "; ".join(cell.get("client_reasons", []))
+            + "; ".join(cell.client_reasons)
             + ")"
         )
     return line
 
 
-def format_capacity(doc: dict[str, Any]) -> str:
+def format_capacity(doc: CapacityDoc) -> str:
     """The cell table and the result, as `capacity` prints them."""
-    search, result = doc["search"], doc["result"]
-    pct = search["percentile"]
+    search, result = doc.search, doc.result
+    assert result is not None
+    pct = search.percentile
     slo = ", ".join(
-        f"{k.removesuffix('_ms')} ≤ {_ms(v)}" for k, v in search["slo"].items()
+        f"{k.removesuffix('_ms')} ≤ {_ms(v)}" for k, v in search.slo.items()
     )
-    what = "session rate" if search["mode"] == "session_rate" else "concurrency"
-    unit = " sessions/s" if search["mode"] == "session_rate" else ""
-    first = doc["cells"][0]["checks"] if doc["cells"] else []
-    metrics = [f"{c['metric'].removesuffix('_ms')} p{pct:g}" for c in first]
+    what = "session rate" if search.mode == "session_rate" else "concurrency"
+    unit = " sessions/s" if search.mode == "session_rate" else ""
+    first = doc.cells[0].checks if doc.cells else ()
+    metrics = [f"{c.metric.removesuffix('_ms')} p{pct:g}" for c in first]
     header = ["cell", "level", "verdict", "window s", "ok", *metrics]
     rows = [
         [
-            c["name"],
-            f"{c['level']:g}",
-            _verdict(c) + (" ~" if c["borderline"] else ""),
-            "-" if not c["window"] else f"{c['window']['length_s']:,.1f}",
-            f"{c['ok']:,}",
-            *(_ms(k["value_ms"]) for k in c["checks"]),
+            c.name,
+            f"{c.level:g}",
+            _verdict(c) + (" ~" if c.borderline else ""),
+            "-" if not c.window else f"{c.window.length_s:,.1f}",
+            f"{c.ok:,}",
+            *(_ms(k.value_ms) for k in c.checks),
         ]
-        for c in sorted(doc["cells"], key=lambda c: (c["level"], c["duration_s"]))
+        for c in sorted(doc.cells, key=lambda c: (c.level, c.duration_s or 0.0))
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
         for r in [header, *rows]
     ]
-    if any(c["borderline"] for c in doc["cells"]):
+    if any(c.borderline for c in doc.cells):
         lines.append("~ borderline: the percentile's 95% CI contains the target")
-    if any(c.get("client_limited") for c in doc["cells"]):
+    if any(c.client_limited for c in doc.cells):
         lines.append(
             "CLIENT-LIMITED: the self-check found the replayer, not the server, "
             "limiting the cell; it counts as neither a pass nor a failure"
         )
-    best = result["max_level"]
-    per_gpu = (
-        f" ({result['per_gpu']:,.3g} per GPU)"
-        if result.get("per_gpu") is not None
-        else ""
-    )
+    best = result.max_level
+    per_gpu = f" ({result.per_gpu:,.3g} per GPU)" if result.per_gpu is not None else ""
     lines.append(f"max {what} within the SLO (p{pct:g} {slo}): {best:g}{unit}{per_gpu}")
-    span = result.get("answer_range")
-    if result.get("thin") and span:
+    span = result.answer_range
+    if result.thin and span:
         lines.append(
             f"  thin evidence: the cells support anything from {span[0]:g} to "
             f"{span[1]:g}{unit}, not {best:g} exactly ("
-            + "; ".join(result["thin_because"])
+            + "; ".join(result.thin_because)
             + ")"
         )
-    if result.get("lower_bound_by_client"):
-        bound = result["client_limit"]
+    if result.lower_bound_by_client and result.client_limit is not None:
         lines.append(
-            f"  a lower bound set by the client: {bound['name']} was "
+            f"  a lower bound set by the client: {result.client_limit.name} was "
             "CLIENT-LIMITED, so the server was not judged there; add --workers "
             "or --ray"
         )
-    status = result["status"]
+    status = result.status
     if status == "ceiling":
         lines.append(f"  every level up to {best:g} passed (the highest asked for)")
     elif status == "budget":
-        bound = result["next_level"]
+        bound = result.next_level
         above = f"; {bound:g} failed" if bound is not None else "; no level failed yet"
         lines.append(
-            f"  stopped early: {result['stopped_because']} (best bound so far{above})"
+            f"  stopped early: {result.stopped_because} (best bound so far{above})"
         )
     elif status == "interrupted":
         lines.append("  interrupted: best bound so far")
-    if result["failed_because"]:
+    if result.failed_because:
         lines.append(
-            f"  {result['next_level']:g} fails: " + "; ".join(result["failed_because"])
+            f"  {result.next_level:g} fails: " + "; ".join(result.failed_because)
         )
     return "\n".join(lines)
 
@@ -271,7 +270,7 @@ def capacity(
             gpus=opts["gpus"],
         )
 
-        def said(cell: dict[str, Any]) -> None:
+        def said(cell: CapacityCell) -> None:
             click.echo(_cell_line(cell, percentile), err=True)
 
         try:
@@ -301,18 +300,18 @@ def capacity(
                 )
         except KeyboardInterrupt:
             interrupted(out)
-    if doc["reset_cache"] and doc["reset_cache"]["failed"]:
+    if doc.reset_cache and doc.reset_cache.failed:
         click.echo(
             "warning: the server offers no prefix-cache reset (/reset_prefix_cache, "
             "/flush_cache); cells relied on fresh cache-bust salts",
             err=True,
         )
     if as_json:
-        echo_json(doc)
+        echo_json(doc.as_dict())
     else:
         click.echo(format_capacity(doc))
-        if doc.get("confirm"):
-            click.echo(format_confirm(doc))
+        if doc.confirm is not None:
+            click.echo(format_confirm(doc.confirm, doc.search.percentile))
 
 
 def _confirm_endpoint(confirm: bool, opts: dict[str, Any]) -> str | None:
@@ -334,32 +333,26 @@ def _confirm_endpoint(confirm: bool, opts: dict[str, Any]) -> str | None:
     return endpoint
 
 
-def format_confirm(doc: dict[str, Any]) -> str:
+def format_confirm(confirm: Confirmation, percentile: float) -> str:
     """The live confirmation: per level, the virtual cell beside the live one."""
-    confirm = doc["confirm"]
-    percentile = doc["search"]["percentile"]
-    where = confirm["endpoint"] or "the built-in simulator"
-    lines = [
-        f"confirmed live against {where} ({confirm['cell_duration_s']:g} s cells):"
-    ]
-    for row in confirm["levels"]:
-        lines.append(f"  level {row['level']:g}:")
-        for side in ("predicted", "measured"):
-            cell = row[side]
+    where = confirm.endpoint or "the built-in simulator"
+    lines = [f"confirmed live against {where} ({confirm.cell_duration_s:g} s cells):"]
+    for row in confirm.levels:
+        lines.append(f"  level {row.level:g}:")
+        for side, cell in (("predicted", row.predicted), ("measured", row.measured)):
             if cell is None:
                 lines.append(f"    {side:<9}  (no virtual cell at this level)")
                 continue
             checks = ", ".join(
-                f"{c['metric'].removesuffix('_ms')} p{percentile:g} "
-                f"{_ms(c['value_ms'])}"
-                for c in cell["checks"]
+                f"{c.metric.removesuffix('_ms')} p{percentile:g} {_ms(c.value_ms)}"
+                for c in cell.checks
             )
-            hit = "" if cell["hit"] is None else f", hit {cell['hit']:.1%}"
-            verdict = "pass" if cell["pass"] else "FAIL"
+            hit = "" if cell.hit is None else f", hit {cell.hit:.1%}"
+            verdict = "pass" if cell.passed else "FAIL"
             lines.append(f"    {side:<9}  {verdict}: {checks}{hit}")
     lines.append(
         "  the live cells agree with the prediction"
-        if confirm["agrees"]
+        if confirm.agrees
         else "  the live verdict differs from the prediction at a level above: "
         "recalibrate (replayer calibrate) before trusting the virtual answer"
     )

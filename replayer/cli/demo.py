@@ -56,7 +56,7 @@ def run_demo(
         )
     except KeyboardInterrupt:
         interrupted(run_dir)
-    table = format_summaries([summarize(load_run(run_dir)).as_dict()])
+    table = format_summaries([summarize(load_run(run_dir))])
     if config.virtual is not None:
         against = f"virtual time, engine model {config.virtual}"
     elif config.endpoint.base_url is None:

@@ -47,12 +47,12 @@ def gate(summaries: list[RunSummary], max_error_rate: float | None) -> None:
             assert s.client_check is not None
             click.echo(
                 f"warning: {s.run_dir}: CLIENT-LIMITED: the replayer, not the server, "
-                f"limited this run ({'; '.join(s.client_check['reasons'])}); its "
+                f"limited this run ({'; '.join(s.client_check.reasons)}); its "
                 "latencies include the client's own delays: add --workers or --ray, "
                 "or give the replayer cores the server does not use",
                 err=True,
             )
-        for note in (s.client_check or {}).get("server_notes") or ():
+        for note in () if s.client_check is None else s.client_check.server_notes:
             click.echo(f"note: {s.run_dir}: {note}", err=True)
     for s in summaries:
         aborted = _aborted(s.run_dir)
@@ -80,7 +80,7 @@ def _aborted(run_dir: Path) -> str | None:
     if not path.is_file():
         return None
     meta = RunMeta.from_dict(json.loads(path.read_text()))
-    aborted = meta.error or (meta.protocol or {}).get("aborted")
+    aborted = meta.error or (meta.protocol and meta.protocol.aborted)
     return str(aborted) if aborted else None
 
 

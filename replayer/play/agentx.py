@@ -6,10 +6,9 @@ it acts: mid-session starts and primers in ``session``, phases and idle skipping
 
 from __future__ import annotations
 
-from typing import Any
-
 from replayer.config import Lanes, ReplayConfig
 from replayer.errors import ConfigError
+from replayer.records.meta import ProtocolInfo
 from traces.model import Trace
 
 
@@ -47,20 +46,20 @@ def window_s(config: ReplayConfig) -> float | None:
     return max(0.0, config.duration_s - config.warmup_s)
 
 
-def protocol_meta(trace: Trace, config: ReplayConfig) -> dict[str, Any]:
+def protocol_meta(trace: Trace, config: ReplayConfig) -> ProtocolInfo:
     """``run.json`` ``protocol`` before the run: the resolved settings."""
-    return {
-        "profile": config.profile,
-        "start_ratio": None if config.start_ratio is None else list(config.start_ratio),
-        "cache_warmup_s": config.cache_warmup_s,
-        "window_s": window_s(config),
-        "idle_skip_s": config.idle_skip_s,
-        "recycle": config.loop,
-        "replay_markers": config.prompt.replay_markers,
-        "on_error": config.on_error,
-        "session_header": config.session_header,
-        "session_id_scope": config.session_id_scope,
-        "live_assistant": config.live_assistant,
-        "distinct_trees": len(trace.sessions),
-        "duplication_factor": duplication_factor(trace, config),
-    }
+    return ProtocolInfo(
+        profile=config.profile,
+        start_ratio=config.start_ratio,
+        cache_warmup_s=config.cache_warmup_s,
+        window_s=window_s(config),
+        idle_skip_s=config.idle_skip_s,
+        recycle=config.loop,
+        replay_markers=config.prompt.replay_markers,
+        on_error=config.on_error,
+        session_header=config.session_header,
+        session_id_scope=config.session_id_scope,
+        live_assistant=config.live_assistant,
+        distinct_trees=len(trace.sessions),
+        duplication_factor=duplication_factor(trace, config),
+    )

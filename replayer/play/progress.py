@@ -16,7 +16,13 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from replayer.clock import Clock
-from replayer.records import RunCounts, Status, SteadyWindow, steady_window
+from replayer.records import (
+    ClientCheck,
+    RunCounts,
+    Status,
+    SteadyWindow,
+    steady_window,
+)
 from traces.stats import percentiles
 
 _RECENT_TTFTS = 5000  # the status line's P90 is over the latest requests: bounded
@@ -193,12 +199,12 @@ class RunSummary:
     output_tok_s: float  # ok rows' output tokens / duration
     warnings: tuple[str, ...] = ()  # about the setup (run.json ``warnings``)
     steady: SteadyWindow | None = None  # None: no request ended
-    client_check: dict[str, Any] | None = None  # run.json ``client_check``
+    client_check: ClientCheck | None = None  # run.json ``client_check``
 
     @property
     def client_limited(self) -> bool:
         """The self-check found the client, not the server, limiting the run."""
-        return bool(self.client_check and self.client_check.get("limited"))
+        return bool(self.client_check and self.client_check.limited)
 
     @property
     def requests(self) -> int:
@@ -236,7 +242,7 @@ def summarize_run(
     duration_s: float,
     interrupted: bool,
     warnings: tuple[str, ...] = (),
-    client_check: dict[str, Any] | None = None,
+    client_check: ClientCheck | None = None,
 ) -> RunSummary:
     """The summary of a run directory, from its part files (every worker's): the
     headline figures come from what was recorded, never from in-memory lists."""

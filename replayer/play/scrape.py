@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import shutil
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pyarrow as pa
@@ -24,6 +23,7 @@ from replayer.records import (
     SERVER_METRICS_RAW_DIR,
     SERVER_METRICS_RAW_SCHEMA,
     SERVER_METRICS_SCHEMA,
+    ScrapeAccount,
     server_metrics_table,
 )
 
@@ -152,12 +152,12 @@ class MetricsScraper:
             ) from exc
         shutil.rmtree(self.raw_dir, ignore_errors=True)
 
-    def account(self) -> dict[str, Any]:
+    def account(self) -> ScrapeAccount:
         """What run.json says about the scrapes."""
-        return {
-            "url": public_url(self.url),
-            "available": self.available,
-            "scrapes": self.scrapes,
-            "errors": self.errors,
-            "unparsed": self.unparsed,
-        }
+        return ScrapeAccount(
+            url=public_url(self.url),
+            available=self.available,
+            scrapes=self.scrapes,
+            errors=self.errors,
+            unparsed=self.unparsed,
+        )

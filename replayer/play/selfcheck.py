@@ -17,10 +17,11 @@ import array
 import asyncio
 import collections
 import contextlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from replayer.clock import Clock, process_cpu_ns, thread_cpu_ns
+from replayer.records.meta import ClientCheck
 from traces.stats import percentiles
 
 if TYPE_CHECKING:
@@ -55,32 +56,6 @@ class SelfCheckLimits:
     # Requests sent this late after their due time (start_ns - scheduled_ns): an
     # open-loop schedule the client cannot keep up with.
     dispatch_lag_p99_ms: float = 50.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClientCheck:
-    """One process's verdict (``run.json`` ``client_check``; merged over workers)."""
-
-    limited: bool
-    reasons: tuple[str, ...] = ()  # one plain sentence per limit crossed
-    loop_lag_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max
-    loop_cpu_share: dict[str, float] = field(default_factory=dict)  # p50, p90, max
-    process_cpu_cores: dict[str, float] = field(default_factory=dict)  # p50, max
-    # Getting a connection (p50, p99, max): both parts together, then each.
-    pool_wait_ms: dict[str, float] = field(default_factory=dict)
-    slot_wait_ms: dict[str, float] = field(default_factory=dict)
-    connect_ms: dict[str, float] = field(default_factory=dict)
-    dispatch_lag_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max
-    limits: dict[str, float] = field(default_factory=dict)
-    # What the server did that a reader could take for the client: one sentence
-    # each (a server slow to accept connections). Never makes the run ``limited``.
-    server_notes: tuple[str, ...] = ()
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["reasons"] = list(self.reasons)
-        d["server_notes"] = list(self.server_notes)
-        return d
 
 
 def _stats(values: Any, qs: tuple[int, ...], scale: float) -> dict[str, float]:
@@ -236,31 +211,35 @@ class LoopMonitor:
         )
 
 
-def merge_checks(checks: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+def merge_checks(checks: dict[int, ClientCheck]) -> ClientCheck | None:
     """Several processes' ``client_check`` as one: limited when any was, each
     reason and server note naming its worker, every figure the worst worker's; the
     workers' own under ``workers``."""
     if not checks:
         return None
-    merged: dict[str, Any] = {
-        "limited": any(c.get("limited") for c in checks.values()),
-        **{
-            key: [
-                f"worker {k}: {r}"
-                for k, c in sorted(checks.items())
-                for r in c.get(key) or ()
-            ]
-            for key in ("reasons", "server_notes")
-        },
-    }
-    figures = ("loop_lag_ms", "loop_cpu_share", "process_cpu_cores")
-    connection = ("pool_wait_ms", "slot_wait_ms", "connect_ms")
-    for key in (*figures, *connection, "dispatch_lag_ms"):
+    ordered = sorted(checks.items())
+
+    def named(notes: str) -> tuple[str, ...]:
+        return tuple(f"worker {k}: {r}" for k, c in ordered for r in getattr(c, notes))
+
+    def worst(figure: str) -> dict[str, float]:
         stats: dict[str, float] = {}
         for c in checks.values():
-            for stat, value in (c.get(key) or {}).items():
+            for stat, value in getattr(c, figure).items():
                 stats[stat] = max(stats.get(stat, value), value)
-        merged[key] = stats
-    merged["limits"] = next(iter(checks.values())).get("limits", {})
-    merged["workers"] = {str(k): c for k, c in sorted(checks.items())}
-    return merged
+        return stats
+
+    return ClientCheck(
+        limited=any(c.limited for c in checks.values()),
+        reasons=named("reasons"),
+        server_notes=named("server_notes"),
+        loop_lag_ms=worst("loop_lag_ms"),
+        loop_cpu_share=worst("loop_cpu_share"),
+        process_cpu_cores=worst("process_cpu_cores"),
+        pool_wait_ms=worst("pool_wait_ms"),
+        slot_wait_ms=worst("slot_wait_ms"),
+        connect_ms=worst("connect_ms"),
+        dispatch_lag_ms=worst("dispatch_lag_ms"),
+        limits=dict(next(iter(checks.values())).limits),
+        workers={str(k): c for k, c in ordered},
+    )

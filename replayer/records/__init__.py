@@ -1,16 +1,35 @@
 """The run-directory contract, shared by the engine (writes) and ``analysis``
-(reads): rows, run.json and server metrics; see docs/run-directory.md.
+(reads): rows, run.json, capacity.json and server metrics; see docs/run-directory.md.
 Import-light: pyarrow, no aiohttp."""
 
 from __future__ import annotations
 
+from replayer.records.capacity import (
+    CapacityCell,
+    CapacityDoc,
+    CapacityResult,
+    SloCheck,
+)
 from replayer.records.meta import (
     STEADY_METHOD,
+    ClientCheck,
+    MaterializerStats,
     ModeInfo,
+    ProtocolInfo,
+    ProtocolOutcome,
+    RayActor,
+    RayInfo,
+    RayLost,
+    RecorderStats,
     RunCounts,
     RunMeta,
+    ScrapeAccount,
+    SimRecord,
+    SteadyRecord,
     SteadyWindow,
     TraceInfo,
+    VirtualEngineStats,
+    VirtualRecord,
     steady_window,
 )
 from replayer.records.rows import (
@@ -42,13 +61,30 @@ __all__ = [
     "SERVER_METRICS_SCHEMA",
     "STATUSES",
     "STEADY_METHOD",
+    "CapacityCell",
+    "CapacityDoc",
+    "CapacityResult",
+    "ClientCheck",
+    "MaterializerStats",
     "ModeInfo",
+    "ProtocolInfo",
+    "ProtocolOutcome",
+    "RayActor",
+    "RayInfo",
+    "RayLost",
+    "RecorderStats",
     "RequestRecord",
     "RunCounts",
     "RunMeta",
+    "ScrapeAccount",
+    "SimRecord",
+    "SloCheck",
     "Status",
+    "SteadyRecord",
     "SteadyWindow",
     "TraceInfo",
+    "VirtualEngineStats",
+    "VirtualRecord",
     "parse_metrics",
     "records_to_table",
     "server_metrics_table",

@@ -3,14 +3,18 @@ steady-state window recorded in it. See docs/run-directory.md."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+import copy
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from replayer.errors import ReplayerError
+from replayer.records.engine_model import EngineModel
 from replayer.records.rows import FAILED_STATUSES
+from replayer.sim.config import SimConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,16 +157,20 @@ class SteadyWindow:
         """Drain tail cut off, s."""
         return (self.run_end_ns - self.end_ns) / 1e9
 
+    def record(self) -> SteadyRecord:
+        """The window in seconds, as run.json and the summaries say it."""
+        return SteadyRecord(
+            start_s=self.start_ns / 1e9,
+            end_s=self.end_ns / 1e9,
+            length_s=(self.end_ns - self.start_ns) / 1e9,
+            head_excluded_s=self.head_s,
+            tail_excluded_s=self.tail_s,
+            bins=self.bins,
+            method=self.method,
+        )
+
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "start_s": self.start_ns / 1e9,
-            "end_s": self.end_ns / 1e9,
-            "length_s": (self.end_ns - self.start_ns) / 1e9,
-            "head_excluded_s": self.head_s,
-            "tail_excluded_s": self.tail_s,
-            "bins": self.bins,
-            "method": self.method,
-        }
+        return self.record().as_dict()
 
 
 def steady_window(
@@ -264,6 +272,349 @@ def _mser_cuts(y: npt.NDArray[np.float64], batch: int = 5) -> tuple[int, int]:
     return head * batch, tail * batch
 
 
+def _known(cls: type, obj: Any) -> dict[str, Any]:
+    """The keys of ``obj`` (a JSON object, else nothing) that name fields of ``cls``."""
+    if not isinstance(obj, dict):
+        return {}
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in obj.items() if k in names}
+
+
+def _tuple(value: Any) -> tuple[Any, ...]:
+    return tuple(value) if isinstance(value, list | tuple) else ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SteadyRecord:
+    """The steady-state window as run.json and the summaries say it (seconds,
+    run-relative; :meth:`SteadyWindow.record`)."""
+
+    start_s: float
+    end_s: float
+    length_s: float
+    head_excluded_s: float
+    tail_excluded_s: float
+    bins: int
+    method: str = STEADY_METHOD
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> SteadyRecord | None:
+        """None: not a window (another version's or a damaged file's)."""
+        try:
+            return cls(**_known(cls, obj))
+        except TypeError:
+            return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecorderStats:
+    """The recorder's account (``run.json`` ``recorder``)."""
+
+    max_queue_depth: int = 0  # rows waiting to be written, at most
+    flush_errors: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> RecorderStats:
+        return cls(**_known(cls, obj))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MaterializerStats:
+    """The prompt materializer's block cache (``run.json`` ``materializer``)."""
+
+    block_cache_hits: int = 0
+    block_cache_misses: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> MaterializerStats:
+        return cls(**_known(cls, obj))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScrapeAccount:
+    """The server-metrics scraper's account (``run.json`` ``server_metrics``)."""
+
+    url: str | None = None  # the /metrics URL, credentials removed
+    available: bool | None = None  # the server answered with metrics at least once
+    scrapes: int = 0
+    errors: int = 0
+    unparsed: int = 0  # lines the Prometheus parser could not read
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> ScrapeAccount:
+        return cls(**_known(cls, obj))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientCheck:
+    """The client self-check's verdict (``run.json`` ``client_check``): did the
+    replayer, not the server, limit the run? Percentile maps: p50/p90/p99/max."""
+
+    limited: bool | None = None
+    reasons: tuple[str, ...] = ()  # one plain sentence per limit crossed
+    loop_lag_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max
+    loop_cpu_share: dict[str, float] = field(default_factory=dict)  # p50, p90, max
+    process_cpu_cores: dict[str, float] = field(default_factory=dict)  # p50, max
+    # Getting a connection (p50, p99, max): both parts together, then each.
+    pool_wait_ms: dict[str, float] = field(default_factory=dict)
+    slot_wait_ms: dict[str, float] = field(default_factory=dict)
+    connect_ms: dict[str, float] = field(default_factory=dict)
+    dispatch_lag_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max
+    limits: dict[str, float] = field(default_factory=dict)
+    # What the server did that a reader could take for the client: one sentence
+    # each (a server slow to accept connections). Never makes the run ``limited``.
+    server_notes: tuple[str, ...] = ()
+    # Merged over workers (--workers, --ray): each worker's own, by worker id.
+    workers: dict[str, ClientCheck] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """run.json's form: one process's check ends with its server notes; a
+        merged one says them beside its reasons and ends with its workers'."""
+        d: dict[str, Any] = {"limited": self.limited, "reasons": list(self.reasons)}
+        if self.workers is not None:
+            d["server_notes"] = list(self.server_notes)
+        for name in _CHECK_FIGURES:
+            d[name] = dict(getattr(self, name))
+        if self.workers is None:
+            d["server_notes"] = list(self.server_notes)
+        else:
+            d["workers"] = {k: c.as_dict() for k, c in self.workers.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> ClientCheck:
+        kw = _known(cls, obj)
+        for name in ("reasons", "server_notes"):
+            kw[name] = _tuple(kw.get(name))
+        for name in _CHECK_FIGURES:
+            if not isinstance(kw.get(name, {}), dict):
+                kw.pop(name)
+        workers = kw.pop("workers", None)
+        if isinstance(workers, dict):
+            kw["workers"] = {str(k): cls.from_dict(c) for k, c in workers.items()}
+        return cls(**kw)
+
+
+_CHECK_FIGURES = (
+    "loop_lag_ms",
+    "loop_cpu_share",
+    "process_cpu_cores",
+    "pool_wait_ms",
+    "slot_wait_ms",
+    "connect_ms",
+    "dispatch_lag_ms",
+    "limits",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProtocolOutcome:
+    """What a run did with its protocol (written at its end)."""
+
+    measure_start_ns: int = 0  # run-relative start of the measured window
+    idle_skipped_s: float | None = None  # whole-system idle skipped (None: off)
+    aborted: str | None = None  # why the run was aborted (--on-error abort-run)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProtocolInfo:
+    """The AgentX protocol's resolved settings (``run.json`` ``protocol``) and, once
+    the run ended, what it did with them."""
+
+    profile: str | None = None
+    start_ratio: tuple[float, float] | None = None
+    cache_warmup_s: float = 0.0
+    window_s: float | None = None
+    idle_skip_s: float | None = None
+    recycle: bool = False
+    replay_markers: bool = True
+    on_error: str = "skip-session"
+    session_header: str | None = None
+    session_id_scope: str = "tree"
+    live_assistant: bool = False
+    distinct_trees: int = 0
+    duplication_factor: float | None = None
+    outcome: ProtocolOutcome | None = None  # None: the run has not ended
+
+    @property
+    def aborted(self) -> str | None:
+        return None if self.outcome is None else self.outcome.aborted
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.pop("outcome")
+        if self.start_ratio is not None:
+            d["start_ratio"] = list(self.start_ratio)
+        if self.outcome is not None:
+            d.update(asdict(self.outcome))
+        return d
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> ProtocolInfo:
+        kw = _known(cls, obj)
+        kw.pop("outcome", None)
+        ratio = kw.get("start_ratio")
+        kw["start_ratio"] = (
+            (ratio[0], ratio[1])
+            if isinstance(ratio, list | tuple) and len(ratio) == 2
+            else None
+        )
+        done = _known(ProtocolOutcome, obj)
+        if done:
+            kw["outcome"] = ProtocolOutcome(**done)
+        return cls(**kw)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimRecord:
+    """The built-in simulator a run was replayed against (``run.json`` ``sim``): its
+    command-line arguments and effective settings."""
+
+    args: str = ""
+    settings: SimConfig = field(default_factory=SimConfig)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"args": self.args, **asdict(self.settings)}
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> SimRecord:
+        args = obj.get("args") if isinstance(obj, dict) else None
+        try:
+            settings = SimConfig(**_known(SimConfig, obj))
+        except (TypeError, ValueError, ReplayerError):
+            settings = SimConfig()
+        return cls(args=args if isinstance(args, str) else "", settings=settings)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VirtualRecord:
+    """A replay in virtual time (``run.json`` ``virtual``): the engine model it ran
+    on and, once it ended, what the engine did."""
+
+    source: str  # "sim" or the ENGINE.json path given
+    engine_model: EngineModel
+    sim_args: str = ""
+    engine: VirtualEngineStats | None = None  # None: the run has not ended
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "source": self.source,
+            "engine_model": self.engine_model.as_dict(),
+            "sim_args": self.sim_args,
+        }
+        if self.engine is not None:
+            d.update(asdict(self.engine))
+        return d
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> VirtualRecord | None:
+        """None: not a virtual record this version reads."""
+        if not isinstance(obj, dict):
+            return None
+        try:
+            model = EngineModel.from_dict(obj.get("engine_model"))
+        except ReplayerError:
+            return None
+        stats = _known(VirtualEngineStats, obj)
+        return cls(
+            source=str(obj.get("source")),
+            engine_model=model,
+            sim_args=str(obj.get("sim_args") or ""),
+            engine=VirtualEngineStats(**stats) if stats else None,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VirtualEngineStats:
+    """What the virtual engine did over a run."""
+
+    wall_s: float = 0.0  # the replay's own wall time
+    steps: int = 0
+    busy_s: float = 0.0  # modeled time the engine was stepping
+    preemptions: int = 0
+    prefix_cache_queries_tokens: int = 0
+    prefix_cache_hits_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RayActor:
+    """One Ray actor of a ``--ray`` run."""
+
+    worker_id: int
+    node_id: str
+    ip: str
+    clock_offset_ns: int  # the actor's clock minus the driver's
+    rtt_ns: int  # the round trip that offset was measured over
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RayLost:
+    """An actor that did not finish, and its shard's session trees without all
+    their rows."""
+
+    worker_id: int
+    status: str
+    wrote_its_end: bool
+    unfinished_sessions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RayInfo:
+    """A ``--ray`` run's cluster (``run.json`` ``ray``)."""
+
+    address: str | None = None
+    actors: tuple[RayActor, ...] = ()
+    lost: tuple[RayLost, ...] | None = None  # None: not yet known
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "address": self.address,
+            "actors": [asdict(a) for a in self.actors],
+        }
+        if self.lost is not None:
+            d["lost"] = [
+                {**asdict(x), "unfinished_sessions": list(x.unfinished_sessions)}
+                for x in self.lost
+            ]
+        return d
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> RayInfo | None:
+        if not isinstance(obj, dict):
+            return None
+        try:
+            lost = obj.get("lost")
+            return cls(
+                address=obj.get("address"),
+                actors=tuple(RayActor(**_known(RayActor, a)) for a in obj["actors"]),
+                lost=None
+                if lost is None
+                else tuple(
+                    RayLost(
+                        **{
+                            **_known(RayLost, x),
+                            "unfinished_sessions": _tuple(x.get("unfinished_sessions")),
+                        }
+                    )
+                    for x in lost
+                ),
+            )
+        except (TypeError, KeyError, AttributeError):
+            return None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunMeta:
     """``run.json``, and the same JSON in every part file's metadata.
@@ -291,9 +642,10 @@ class RunMeta:
     block_tokens: int | None = None  # tokens per materialized block (None: trace's)
     worker_id: int | None = 0  # None in the merged run.json of a --workers run
     workers: int = 1
-    config: dict[str, Any] = field(default_factory=dict)  # the effective config
+    # The effective config (ReplayConfig.as_metadata(); a --config file's keys).
+    config: dict[str, Any] = field(default_factory=dict)
     simulated: bool = False  # replayed against the built-in simulated endpoint
-    sim: dict[str, Any] | None = None  # its settings when simulated
+    sim: SimRecord | None = None  # its settings when simulated
     start_unix_ns: int | None = None  # wall clock at run-relative 0
     # Run-relative time this process finished preparing (reading the trace, ideal
     # hits, the model check): negative, or the shared zero did not hold.
@@ -305,24 +657,22 @@ class RunMeta:
     error: str | None = None  # why the run stopped early (a worker that died ...)
     warnings: list[str] = field(default_factory=list)  # said before the run started
     counts: RunCounts | None = None
-    recorder: dict[str, Any] | None = None  # queue depth, flush errors
-    # The scraper's account: {"url", "available", "scrapes", "errors"} (None: not
-    # scraped, or the run did not finish).
-    server_metrics: dict[str, Any] | None = None
-    materializer: dict[str, Any] | None = None  # block cache statistics
-    # SteadyWindow.as_dict() of the finished run (None: not finished, or no request
+    recorder: RecorderStats | None = None
+    # The scraper's account (None: not scraped, or the run did not finish).
+    server_metrics: ScrapeAccount | None = None
+    materializer: MaterializerStats | None = None
+    # The finished run's steady-state window (None: not finished, or no request
     # ended); ``analyze`` recomputes it from the rows by the same function.
-    steady_state: dict[str, Any] | None = None
-    # The self-check (replayer.play.selfcheck.ClientCheck): did the client limit
-    # the run?
-    client_check: dict[str, Any] | None = None
-    # The AgentX protocol's resolved settings and what the run did with them:
-    # profile, start ratio, cache warm-up, window, idle skipped, duplication factor,
-    # on-error policy, session header (None: a run without any of it).
-    protocol: dict[str, Any] | None = None
-    # A replay in virtual time (``--virtual``): the engine model it ran on (its
-    # source and terms) and what the engine did (steps, preemptions, wall time).
-    virtual: dict[str, Any] | None = None
+    steady_state: SteadyRecord | None = None
+    # The self-check (replayer.play.selfcheck): did the client limit the run?
+    client_check: ClientCheck | None = None
+    # The AgentX protocol's resolved settings and what the run did with them
+    # (None: a run without any of it).
+    protocol: ProtocolInfo | None = None
+    # A replay in virtual time (``--virtual``).
+    virtual: VirtualRecord | None = None
+    ray: RayInfo | None = None  # a --ray run's cluster (written first in run.json)
+    # Keys a newer version wrote that this one does not know (free-form).
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -338,7 +688,7 @@ class RunMeta:
             return "no end time: the run crashed or was killed"
         if self.error:
             return f"stopped by an error: {self.error}"
-        aborted = (self.protocol or {}).get("aborted")
+        aborted = None if self.protocol is None else self.protocol.aborted
         if aborted:
             return f"stopped: {aborted}"
         if self.interrupted:
@@ -347,9 +697,20 @@ class RunMeta:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready; the keys are the run.json contract."""
-        d = asdict(self)
-        extra = d.pop("extra")
-        return {**extra, **d}
+        d: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("extra", "ray"):
+                continue
+            if hasattr(value, "as_dict"):
+                value = value.as_dict()
+            elif is_dataclass(value) and not isinstance(value, type):
+                value = asdict(value)
+            else:
+                value = copy.deepcopy(value)
+            d[f.name] = value
+        ray = {} if self.ray is None else {"ray": self.ray.as_dict()}
+        return {**copy.deepcopy(self.extra), **ray, **d}
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> RunMeta:
@@ -372,5 +733,21 @@ class RunMeta:
         for name in ("labels", "config"):
             if not isinstance(kw.get(name, {}), dict):
                 kw.pop(name)
+        for name, parse in _PARTS.items():
+            value = kw.get(name)
+            kw[name] = parse(value) if isinstance(value, dict) else None
         kw["extra"] = {k: v for k, v in obj.items() if k not in known}
         return cls(**kw)
+
+
+_PARTS: dict[str, Any] = {
+    "sim": SimRecord.from_dict,
+    "recorder": RecorderStats.from_dict,
+    "server_metrics": ScrapeAccount.from_dict,
+    "materializer": MaterializerStats.from_dict,
+    "steady_state": SteadyRecord.from_dict,
+    "client_check": ClientCheck.from_dict,
+    "protocol": ProtocolInfo.from_dict,
+    "virtual": VirtualRecord.from_dict,
+    "ray": RayInfo.from_dict,
+}

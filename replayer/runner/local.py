@@ -12,7 +12,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import TextIO, TypeVar
 
 from replayer import __version__
 from replayer.clock import Clock, MonotonicClock, wall_clock_ns
@@ -36,6 +36,12 @@ from replayer.play.scrape import MetricsScraper
 from replayer.play.selfcheck import LoopMonitor
 from replayer.play.session import PromptBuilder, RunContext, request_body
 from replayer.records import ModeInfo, RunMeta
+from replayer.records.meta import (
+    MaterializerStats,
+    ProtocolInfo,
+    ProtocolOutcome,
+    RecorderStats,
+)
 from replayer.records.rundir import (
     new_run_id,
     write_run_json,
@@ -303,17 +309,17 @@ async def replay_trace(
                     interrupted=interrupted,
                     error=ctx.stop.error or error,
                     counts=counters.counts(trace_requests),
-                    recorder={
-                        "max_queue_depth": recorder.max_pending,
-                        "flush_errors": recorder.flush_errors,
-                    },
-                    materializer={
-                        "block_cache_hits": materializer.hits,
-                        "block_cache_misses": materializer.misses,
-                    },
-                    client_check=None if monitor is None else monitor.check().as_dict(),
-                    **_phases(ctx, meta),
+                    recorder=RecorderStats(
+                        max_queue_depth=recorder.max_pending,
+                        flush_errors=recorder.flush_errors,
+                    ),
+                    materializer=MaterializerStats(
+                        block_cache_hits=materializer.hits,
+                        block_cache_misses=materializer.misses,
+                    ),
+                    client_check=None if monitor is None else monitor.check(),
                 )
+                meta = _phases(ctx, meta)
                 recorder.set_metadata(meta)
                 if scraper is not None:
                     # The server's metrics are a side dish: never worth rows.
@@ -339,21 +345,21 @@ async def replay_trace(
     )
 
 
-def _phases(ctx: RunContext, meta: RunMeta) -> dict[str, Any]:
-    """What the run's phases came to: the window's real start (a warm-up phase ends
-    when it ends), the idle skipped, an abort."""
+def _phases(ctx: RunContext, meta: RunMeta) -> RunMeta:
+    """``meta`` with what the run's phases came to: the window's real start (a
+    warm-up phase ends when it ends), the idle skipped, an abort."""
     stop = ctx.stop
     if stop.measure_start_ns is None:  # stopped before the warm-up ended
         start = ctx.rel(ctx.clock.now_ns())
     else:
         start = max(ctx.rel(stop.measure_start_ns), meta.measure_start_ns)
-    protocol = {
-        **(meta.protocol or {}),
-        "measure_start_ns": start,
-        "idle_skipped_s": None if ctx.idle is None else ctx.idle.skipped_ns / 1e9,
-        "aborted": stop.aborted,
-    }
-    return {"measure_start_ns": start, "protocol": protocol}
+    outcome = ProtocolOutcome(
+        measure_start_ns=start,
+        idle_skipped_s=None if ctx.idle is None else ctx.idle.skipped_ns / 1e9,
+        aborted=stop.aborted,
+    )
+    protocol = replace(meta.protocol or ProtocolInfo(), outcome=outcome)
+    return replace(meta, measure_start_ns=start, protocol=protocol)
 
 
 async def _check_model(client: ChatClient, config: ReplayConfig) -> None:

@@ -38,7 +38,7 @@ from replayer.clock import MonotonicClock
 from replayer.config import Lanes, ReplayConfig
 from replayer.errors import ConfigError
 from replayer.play.progress import PLAIN_INTERVAL_S, RunCounters, RunSummary
-from replayer.records import RunMeta
+from replayer.records import RayActor, RayInfo, RayLost, RunMeta
 from replayer.records.rundir import read_run_json, write_run_json
 from replayer.runner.workers import (
     STALL_S,
@@ -262,7 +262,7 @@ def _drive(
         for k, a in enumerate(actors)
     ]
     results: dict[int, tuple[str, str]] = {}
-    info: dict[str, Any] = {"address": config.ray_address, "actors": []}
+    info = RayInfo(address=config.ray_address)
     interrupted = False
     try:
         _until_ready(ray, actors, runs, results)
@@ -271,10 +271,19 @@ def _drive(
             start = time.time_ns() + _START_DELAY_NS
             for a, (offset, _) in zip(actors, offsets, strict=True):
                 a.start.remote(start + offset)
-            info["actors"] = [
-                {"worker_id": k, **places[k], "clock_offset_ns": o, "rtt_ns": r}
-                for k, (o, r) in enumerate(offsets)
-            ]
+            info = replace(
+                info,
+                actors=tuple(
+                    RayActor(
+                        worker_id=k,
+                        node_id=places[k]["node_id"],
+                        ip=places[k]["ip"],
+                        clock_offset_ns=o,
+                        rtt_ns=r,
+                    )
+                    for k, (o, r) in enumerate(offsets)
+                ),
+            )
             t0 = MonotonicClock().now_ns() + (start - time.time_ns())
             reports = Reports(
                 [f"Ray actor {k} on node {p['ip']}" for k, p in enumerate(places)],
@@ -299,12 +308,10 @@ def _drive(
         _stop(ray, actors, runs, results)
     merged = _merge(run_dir, config, meta, interrupted=interrupted, error=failure)
     lost = _unfinished(run_dir, trace_path, config, results)
-    info["lost"] = lost
+    info = replace(info, lost=tuple(lost))
     if run_dir.is_dir():
-        write_run_json(
-            run_dir / "run.json", replace(merged, extra={**merged.extra, "ray": info})
-        )
-    trees = sum(len(x["unfinished_sessions"]) for x in lost)
+        write_run_json(run_dir / "run.json", replace(merged, ray=info))
+    trees = sum(len(x.unfinished_sessions) for x in lost)
     return outcome(
         run_dir,
         merged,
@@ -423,7 +430,7 @@ def _unfinished(
     trace_path: Path,
     config: ReplayConfig,
     results: dict[int, tuple[str, str]],
-) -> list[dict[str, Any]]:
+) -> list[RayLost]:
     """Per actor that did not finish: the session trees of its shard whose rows are
     not all in the run directory."""
     bad = [k for k, (status, _) in results.items() if status not in ("ok",)]
@@ -443,7 +450,7 @@ def _unfinished(
         )
         for root in table.column("root_session_id").to_pylist():
             rows[root] = rows.get(root, 0) + 1
-    lost = []
+    lost: list[RayLost] = []
     for k in sorted(bad):
         trees = shard(trace, k, config.workers).sessions
         unfinished = [
@@ -454,11 +461,11 @@ def _unfinished(
         meta_path = run_dir / _worker_json(k)
         flushed = read_run_json(meta_path).complete if meta_path.is_file() else False
         lost.append(
-            {
-                "worker_id": k,
-                "status": results[k][0],
-                "wrote_its_end": flushed,
-                "unfinished_sessions": unfinished,
-            }
+            RayLost(
+                worker_id=k,
+                status=results[k][0],
+                wrote_its_end=flushed,
+                unfinished_sessions=tuple(unfinished),
+            )
         )
     return lost

@@ -18,7 +18,7 @@ from replayer.config import ReplayConfig
 from replayer.errors import ConfigError
 from replayer.play.client import Outcome
 from replayer.play.progress import RunSummary
-from replayer.records import RunMeta
+from replayer.records import RunMeta, VirtualEngineStats, VirtualRecord
 from replayer.records.engine_model import (
     CacheShape,
     EngineModel,
@@ -234,11 +234,12 @@ def replay_virtual(
     kind: Kind = "chat" if config.endpoint.api == "chat" else "completions"
     endpoint = replace(config.endpoint, model=config.endpoint.model or sim.model)
     config = replace(config, endpoint=endpoint, flush_interval_s=1e9)
-    virtual: dict[str, Any] = {
-        "source": config.virtual,
-        "engine_model": model.as_dict(),
-        "sim_args": " ".join(config.sim_args),
-    }
+    assert config.virtual is not None
+    virtual = VirtualRecord(
+        source=config.virtual,
+        engine_model=model,
+        sim_args=" ".join(config.sim_args),
+    )
     meta = replace(meta, virtual=virtual)
     started = time.perf_counter()
     engines: list[VirtualEngine] = []
@@ -267,15 +268,17 @@ def replay_virtual(
     if path.is_file():
         done = read_run_json(path)
         stats = engine.core.stats
-        account = {
-            **virtual,
-            "wall_s": round(time.perf_counter() - started, 3),
-            "steps": engine.steps,
-            "busy_s": engine.busy_ns / 1e9,
-            "preemptions": stats.preemptions,
-            "prefix_cache_queries_tokens": stats.prefix_cache_queries_tokens,
-            "prefix_cache_hits_tokens": stats.prefix_cache_hits_tokens,
-        }
+        account = replace(
+            virtual,
+            engine=VirtualEngineStats(
+                wall_s=round(time.perf_counter() - started, 3),
+                steps=engine.steps,
+                busy_s=engine.busy_ns / 1e9,
+                preemptions=stats.preemptions,
+                prefix_cache_queries_tokens=stats.prefix_cache_queries_tokens,
+                prefix_cache_hits_tokens=stats.prefix_cache_hits_tokens,
+            ),
+        )
         write_run_json(path, replace(done, virtual=account))
     if progress is not None:
         progress.write(

@@ -14,21 +14,26 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from replayer.errors import EndpointError
+from replayer.sim.config import SimConfig
 
 _URL = re.compile(r"https?://\S+")
 
 
-def sim_settings(args: Sequence[str]) -> dict[str, object]:
+def sim_config(args: Sequence[str]) -> SimConfig:
     """The simulator's effective settings for ``args`` (recorded in run.json)."""
-    from dataclasses import asdict
-
     from replayer.sim.cli import sim
-    from replayer.sim.config import SimConfig
 
     ctx = sim.make_context("sim", [*_default_args(args), *args], resilient_parsing=True)
     params = {k: v for k, v in ctx.params.items() if k not in ("host", "port")}
     params["accept_any_model"] = True
-    return asdict(SimConfig(**params))
+    return SimConfig(**params)
+
+
+def sim_settings(args: Sequence[str]) -> dict[str, object]:
+    """:func:`sim_config` as a dict."""
+    from dataclasses import asdict
+
+    return asdict(sim_config(args))
 
 
 def _default_args(args: Sequence[str]) -> list[str]:

@@ -158,9 +158,7 @@ def server_key(run: Run) -> dict[str, Any]:
     key: dict[str, Any] = {"model": meta.model}
     if meta.simulated:
         # Its port changes from run to run; its settings are what it is.
-        sim = dict(meta.sim or {})
-        sim.pop("args", None)
-        key["simulator"] = sim
+        key["simulator"] = {} if meta.sim is None else asdict(meta.sim.settings)
     else:
         key["endpoint"] = meta.endpoint
     for name in _SERVER_LABELS:
@@ -213,8 +211,12 @@ def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, 
         CalibrationError: the KV size or block size is nowhere to be found.
     """
     metrics = _cache_config(runs[0])
-    sim = runs[0].meta.sim or {}
+    settings = None if runs[0].meta.sim is None else runs[0].meta.sim.settings
     sources: list[str] = []
+
+    def sim(name: str) -> Any:
+        """The simulator's setting ``name`` (None: not simulated)."""
+        return None if settings is None else getattr(settings, name)
 
     def pick(name: str, flag: int | None, *found: tuple[str, Any]) -> int | None:
         if flag is not None:
@@ -230,11 +232,11 @@ def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, 
         "block_size",
         flags.block_size,
         ("vllm:cache_config_info", metrics.get("block_size")),
-        ("simulator settings", sim.get("block_size")),
+        ("simulator settings", sim("block_size")),
     )
     sim_blocks = (
-        int(sim["kv_capacity_tokens"]) // int(sim["block_size"])
-        if _int(sim.get("kv_capacity_tokens")) and _int(sim.get("block_size"))
+        int(sim("kv_capacity_tokens")) // int(sim("block_size"))
+        if _int(sim("kv_capacity_tokens")) and _int(sim("block_size"))
         else None
     )
     blocks = pick(
@@ -256,13 +258,13 @@ def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, 
     seqs = pick(
         "max_num_seqs",
         flags.max_num_seqs,
-        ("simulator settings", sim.get("max_num_seqs")),
+        ("simulator settings", sim("max_num_seqs")),
         ("vLLM's default", 256),
     )
     batched = pick(
         "max_num_batched_tokens",
         flags.max_num_batched_tokens,
-        ("simulator settings", sim.get("max_num_batched_tokens")),
+        ("simulator settings", sim("max_num_batched_tokens")),
         ("vLLM's default", 8192),
     )
     longest = max(
@@ -277,14 +279,14 @@ def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, 
     model_len = pick(
         "max_model_len",
         flags.max_model_len,
-        ("simulator settings", sim.get("max_model_len")),
+        ("simulator settings", sim("max_model_len")),
         ("the longest request of the runs", longest),
     )
     assert seqs is not None
     assert batched is not None
     assert model_len is not None
-    policy = str(sim.get("policy") or "vllm")
-    host = _int(sim.get("host_capacity_tokens")) or 0
+    policy = str(sim("policy") or "vllm")
+    host = _int(sim("host_capacity_tokens")) or 0
     shape = CacheShape(
         block_size=block,
         kv_capacity_tokens=max(blocks * block, model_len + block),
@@ -543,7 +545,7 @@ def figures_of(df: pd.DataFrame) -> Figures:
         ttft_ms=quantiles(m.ttft_ms(df)),
         tpot_ms=quantiles(m.tpot_ms(df)),
         e2e_ms=quantiles(m.e2e_ms(df)),
-        output_tok_s=float(m.throughput_tok_s(df)["output"]),
+        output_tok_s=m.throughput_tok_s(df).output,
         hit_rate=m.server_hit_rate(df),
         ok=int(m.measured_ok(df).sum()),
     )

@@ -48,12 +48,25 @@ from typing import Any, Literal
 
 from analysis import metrics as m
 from analysis.load import load_run
-from analysis.steady import COLUMNS, slo_verdict
+from analysis.steady import COLUMNS, SloVerdict, slo_verdict
 from replayer.clock import MonotonicClock
 from replayer.config import Lanes, RateArrivals, ReplayConfig, public_url
 from replayer.errors import ConfigError
 from replayer.launch import replay, running_endpoint
 from replayer.play.client import Client
+from replayer.records import SimRecord
+from replayer.records.capacity import (
+    CacheResets,
+    CapacityCell,
+    CapacityDoc,
+    CapacityResult,
+    ClientLimit,
+    Confirmation,
+    ConfirmCell,
+    ConfirmLevel,
+    FirstFailure,
+    SearchSettings,
+)
 from replayer.records.rundir import write_json_atomic
 from replayer.runner.local import run_async
 from replayer.studies.sweep import with_fresh_salt
@@ -173,15 +186,19 @@ def _cell_config(
 
 def _judge(
     run_dir: Path, search: CapacitySearch, error_rate: float | None
-) -> dict[str, Any]:
+) -> SloVerdict:
     run = load_run(run_dir, columns=COLUMNS)
     verdict = slo_verdict(
         m.numeric_view(run.requests), search.slo, percentile=search.percentile
     )
     if error_rate is not None and error_rate > search.max_error_rate:
-        verdict["pass"] = False
-        verdict["reasons"].append(
-            f"error rate {error_rate:.1%} > {search.max_error_rate:.1%}"
+        verdict = replace(
+            verdict,
+            passed=False,
+            reasons=(
+                *verdict.reasons,
+                f"error rate {error_rate:.1%} > {search.max_error_rate:.1%}",
+            ),
         )
     return verdict
 
@@ -193,8 +210,8 @@ def run_capacity(
     out: Path,
     *,
     progress: Any = None,
-    on_cell: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
+    on_cell: Callable[[CapacityCell], None] | None = None,
+) -> CapacityDoc:
     """Search the capacity of the server ``config`` names (the built-in simulator,
     started once, when it names none); returns ``capacity.json``'s content, which
     is also written after every cell. ``on_cell`` sees each cell as it finishes.
@@ -206,33 +223,36 @@ def run_capacity(
     out.mkdir(parents=True, exist_ok=True)
     duration = config.duration_s or DEFAULT_CELL_S
     bounds = _Search(search)
-    cells: list[dict[str, Any]] = []
-    doc: dict[str, Any] = {
-        "search": {
-            "mode": "session_rate" if search.rate else "concurrency",
-            "slo": search.slo.as_dict(),
-            "percentile": search.percentile,
-            "start": search.start,
-            "growth": search.growth,
-            "max_level": search.max_level,
-            "cell_duration_s": duration,
-            "max_cells": search.max_cells,
-            "max_time_s": search.max_time_s,
-            "max_error_rate": search.max_error_rate,
-            "reset_cache": search.reset_cache,
-            "widen_borderline": search.widen_borderline,
-            "gpus": search.gpus,
-        },
-        "cells": cells,
-        "reset_cache": None,
-    }
+    cells: list[CapacityCell] = []
+    doc = CapacityDoc(
+        search=SearchSettings(
+            mode="session_rate" if search.rate else "concurrency",
+            slo=search.slo.as_dict(),
+            percentile=search.percentile,
+            start=search.start,
+            growth=search.growth,
+            max_level=search.max_level,
+            cell_duration_s=duration,
+            max_cells=search.max_cells,
+            max_time_s=search.max_time_s,
+            max_error_rate=search.max_error_rate,
+            reset_cache=search.reset_cache,
+            widen_borderline=search.widen_borderline,
+            gpus=search.gpus,
+        )
+    )
     stopped: str | None = None
 
-    def save(status: Status) -> dict[str, Any]:
-        doc["result"] = _result(search, bounds, cells, status, stopped)
-        by_level = sorted(cells, key=lambda c: (c["level"], c["duration_s"]))
-        write_json_atomic(out / "sweep.json", {"levels": [c["name"] for c in by_level]})
-        write_json_atomic(out / "capacity.json", doc)
+    def save(status: Status) -> CapacityDoc:
+        nonlocal doc
+        doc = replace(
+            doc,
+            cells=tuple(cells),
+            result=_result(search, bounds, cells, status, stopped),
+        )
+        by_level = sorted(cells, key=lambda c: (c.level, c.duration_s or 0.0))
+        write_json_atomic(out / "sweep.json", {"levels": [c.name for c in by_level]})
+        write_json_atomic(out / "capacity.json", doc.as_dict())
         return doc
 
     with running_endpoint(config) as (resolved, sim):
@@ -257,7 +277,9 @@ def run_capacity(
                         return save("budget")
                     # A virtual cell starts on a fresh engine: nothing to reset.
                     if cells and search.reset_cache and resolved.virtual is None:
-                        _reset(resolved, doc)
+                        doc = replace(
+                            doc, reset_cache=_reset(resolved, doc.reset_cache)
+                        )
                     name = _name(level, search.rate) + ("-wide" if widened_from else "")
                     cell = _play_cell(
                         trace_path,
@@ -269,20 +291,20 @@ def run_capacity(
                         progress=progress,
                         sim=sim,
                     )
-                    limited = cell["client_limited"]
+                    limited = cell.client_limited
                     cells.append(cell)
                     save("running")
                     if on_cell is not None:
                         on_cell(cell)
                     if not (
-                        cell["borderline"]
+                        cell.borderline
                         and search.widen_borderline
                         and not widened_from
                         and not limited  # a longer run cannot free the client
                     ):
                         break
                     widened_from, cell_s = name, cell_s * 2
-                bounds.record(level, cell["pass"], client_limited=limited)
+                bounds.record(level, cell.passed, client_limited=limited)
                 level = bounds.next_level()
         except KeyboardInterrupt:
             save("interrupted")
@@ -299,34 +321,34 @@ def _play_cell(
     level: float,
     widened_from: str | None,
     progress: Any,
-    sim: dict[str, Any] | None,
-) -> dict[str, Any]:
+    sim: SimRecord | None,
+) -> CapacityCell:
     """Replay one cell into ``run_dir`` and judge it: capacity.json's cell."""
     summary = replay(trace_path, config, run_dir, progress=progress, sim=sim)
     verdict = _judge(run_dir, search, summary.counts.error_rate)
     limited = summary.client_limited
-    return {
-        "name": run_dir.name,
-        "level": level,
-        "duration_s": config.duration_s,
-        "widened_from": widened_from,
+    return CapacityCell(
+        name=run_dir.name,
+        level=level,
+        duration_s=config.duration_s,
+        widened_from=widened_from,
         # A client-limited cell never passes: its latencies are the replayer's;
         # "slo_pass" keeps what the SLO said.
-        "pass": verdict["pass"] and not limited,
-        "slo_pass": verdict["pass"],
-        "client_limited": limited,
-        "client_reasons": list((summary.client_check or {}).get("reasons", []))
-        if limited
-        else [],
-        "borderline": verdict["borderline"],
-        "requests": summary.requests,
-        "ok": summary.ok,
-        "error_rate": summary.counts.error_rate,
-        "window": verdict["window"],
-        "window_requests": verdict["requests"],
-        "checks": verdict["checks"],
-        "reasons": verdict["reasons"],
-    }
+        passed=verdict.passed and not limited,
+        slo_pass=verdict.passed,
+        client_limited=limited,
+        client_reasons=summary.client_check.reasons
+        if limited and summary.client_check is not None
+        else (),
+        borderline=verdict.borderline,
+        requests=summary.requests,
+        ok=summary.ok,
+        error_rate=summary.counts.error_rate,
+        window=verdict.window,
+        window_requests=verdict.requests,
+        checks=verdict.checks,
+        reasons=verdict.reasons,
+    )
 
 
 def confirm_capacity(
@@ -334,22 +356,23 @@ def confirm_capacity(
     config: ReplayConfig,
     search: CapacitySearch,
     out: Path,
-    doc: dict[str, Any],
+    doc: CapacityDoc,
     *,
     progress: Any = None,
-    on_cell: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
+    on_cell: Callable[[CapacityCell], None] | None = None,
+) -> CapacityDoc:
     """Replay a virtual search's answer and the level above it live, against the
-    server ``config`` names (the built-in simulator when none), and set
-    ``doc["confirm"]``: each level's predicted cell beside the measured one.
-    Writes capacity.json again; returns ``doc``."""
-    result = doc["result"]
-    levels = [lv for lv in (result.get("max_level"), result.get("next_level")) if lv]
-    predicted: dict[float, dict[str, Any]] = {}
-    for cell in doc["cells"]:  # the last (widest) cell of each level
-        predicted[cell["level"]] = cell
+    server ``config`` names (the built-in simulator when none), and set the
+    document's ``confirm``: each level's predicted cell beside the measured one.
+    Writes capacity.json again; returns the document."""
+    result = doc.result
+    assert result is not None
+    levels = [lv for lv in (result.max_level, result.next_level) if lv]
+    predicted: dict[float, CapacityCell] = {}
+    for cell in doc.cells:  # the last (widest) cell of each level
+        predicted[cell.level] = cell
     duration = config.duration_s or DEFAULT_CELL_S
-    rows: list[dict[str, Any]] = []
+    rows: list[ConfirmLevel] = []
     with running_endpoint(config) as (resolved, sim):
         for level in levels:
             name = "confirm-" + _name(level, search.rate)
@@ -363,39 +386,46 @@ def confirm_capacity(
                 progress=progress,
                 sim=sim,
             )
-            measured = {
-                **{k: cell[k] for k in ("name", "pass", "client_limited", "ok")},
-                "checks": cell["checks"],
-                "hit": _hit(out / name),
-            }
+            measured = ConfirmCell(
+                name=cell.name,
+                passed=cell.passed,
+                client_limited=cell.client_limited,
+                ok=cell.ok,
+                checks=cell.checks,
+                hit=_hit(out / name),
+            )
             guess = predicted.get(level)
-            row = {
-                "level": level,
-                "predicted": None
-                if guess is None
-                else {
-                    "name": guess["name"],
-                    "pass": guess["pass"],
-                    "ok": guess["ok"],
-                    "checks": guess["checks"],
-                    "hit": _hit(out / guess["name"]),
-                },
-                "measured": measured,
-            }
-            rows.append(row)
+            rows.append(
+                ConfirmLevel(
+                    level=level,
+                    predicted=None
+                    if guess is None
+                    else ConfirmCell(
+                        name=guess.name,
+                        passed=guess.passed,
+                        client_limited=None,
+                        ok=guess.ok,
+                        checks=guess.checks,
+                        hit=_hit(out / guess.name),
+                    ),
+                    measured=measured,
+                )
+            )
             if on_cell is not None:
-                on_cell({**measured, "level": level, "duration_s": duration})
-    doc["confirm"] = {
-        "endpoint": public_url(config.endpoint.base_url),  # None: the built-in sim
-        "cell_duration_s": duration,
-        "levels": rows,
-        "agrees": all(
-            r["predicted"] is not None
-            and r["predicted"]["pass"] == r["measured"]["pass"]
-            for r in rows
+                on_cell(cell)
+    doc = replace(
+        doc,
+        confirm=Confirmation(
+            endpoint=public_url(config.endpoint.base_url),  # None: the built-in sim
+            cell_duration_s=duration,
+            levels=tuple(rows),
+            agrees=all(
+                r.predicted is not None and r.predicted.passed == r.measured.passed
+                for r in rows
+            ),
         ),
-    }
-    write_json_atomic(out / "capacity.json", doc)
+    )
+    write_json_atomic(out / "capacity.json", doc.as_dict())
     return doc
 
 
@@ -409,77 +439,72 @@ def _hit(run_dir: Path) -> float | None:
     return None if prompt <= 0 else cached / prompt
 
 
-def _reset(config: ReplayConfig, doc: dict[str, Any]) -> None:
+def _reset(config: ReplayConfig, resets: CacheResets | None) -> CacheResets:
     async def reset() -> str | None:
         async with Client(config.endpoint, MonotonicClock(), limit=1) as client:
             return await client.reset_cache()
 
     url = run_async(reset)
-    account = doc["reset_cache"] or {"url": url, "resets": 0, "failed": 0}
-    account["url"] = account["url"] or url
-    account["resets" if url else "failed"] += 1
-    doc["reset_cache"] = account
+    account = resets or CacheResets(url=url)
+    return replace(
+        account,
+        url=account.url or url,
+        resets=account.resets + (1 if url else 0),
+        failed=account.failed + (0 if url else 1),
+    )
 
 
 def _result(
     search: CapacitySearch,
     bounds: _Search,
-    cells: list[dict[str, Any]],
+    cells: list[CapacityCell],
     status: Status,
     stopped: str | None,
-) -> dict[str, Any]:
+) -> CapacityResult:
     best = bounds.passed
     limit = bounds.failed
     # The cells that decided the bounds (the last run at each level: a widened one).
-    at: dict[float, dict[str, Any]] = {}
+    at: dict[float, CapacityCell] = {}
     for c in cells:
-        at[c["level"]] = c
+        at[c.level] = c
     failing = at.get(limit) if limit is not None else None
-    server = [c for c in cells if not c.get("client_limited")]
-    first_fail = next((c for c in server if not c["pass"]), None)
+    server = [c for c in cells if not c.client_limited]
+    first_fail = next((c for c in server if not c.passed), None)
     client = at.get(bounds.client) if bounds.client is not None else None
-    key = "max_session_rate" if search.rate else "max_concurrency"
-    value: float | int = best if search.rate else int(best)
+    value: float = best if search.rate else int(best)
     low, high, because = _answer_range(server, best)
     if not search.rate:
         low, high = int(low), int(high)
-    out: dict[str, Any] = {
-        "status": status,
-        key: value,
-        "max_level": value,
-        "per_gpu": value / search.gpus if search.gpus else None,
-        "next_level": limit,
-        "cells": len(cells),
-        "borderline_cells": sum(1 for c in cells if c["borderline"]),
-        "failed_because": failing["reasons"] if failing else [],
-        "first_failure": (
-            {"name": first_fail["name"], "reasons": first_fail["reasons"]}
-            if first_fail
-            else None
-        ),
-        "stopped_because": stopped,
-        "client_limited_cells": [c["name"] for c in cells if c.get("client_limited")],
+    return CapacityResult(
+        status=status,
+        rate=search.rate,
+        max_level=value,
+        per_gpu=value / search.gpus if search.gpus else None,
+        next_level=limit,
+        cells=len(cells),
+        borderline_cells=sum(1 for c in cells if c.borderline),
+        failed_because=failing.reasons if failing else (),
+        first_failure=FirstFailure(name=first_fail.name, reasons=first_fail.reasons)
+        if first_fail
+        else None,
+        stopped_because=stopped,
+        client_limited_cells=tuple(c.name for c in cells if c.client_limited),
         # The answer's bound above is a client-limited cell: the server may hold
         # more; the client could not tell.
-        "lower_bound_by_client": bounds.client_bound,
-        "client_limit": (
-            {
-                "name": client["name"],
-                "level": client["level"],
-                "reasons": client["client_reasons"],
-            }
-            if client is not None and bounds.client_bound
-            else None
-        ),
-        "answer_range": [low, high],
-        "thin": bool(because),
-        "thin_because": because,
-    }
-    return out
+        lower_bound_by_client=bounds.client_bound,
+        client_limit=ClientLimit(
+            name=client.name, level=client.level, reasons=client.client_reasons
+        )
+        if client is not None and bounds.client_bound
+        else None,
+        answer_range=(low, high),
+        thin=bool(because),
+        thin_because=tuple(because),
+    )
 
 
 def _answer_range(
-    cells: list[dict[str, Any]], best: float
+    cells: list[CapacityCell], best: float
 ) -> tuple[float, float, list[str]]:
     """The levels the cells' evidence supports as the answer (low, high), and why
     the range is wider than ``best`` (empty: it is exactly ``best``).
@@ -491,12 +516,12 @@ def _answer_range(
     Client-limited cells are not given here: they are no evidence about the
     server.
     """
-    levels: dict[float, list[dict[str, Any]]] = {}
+    levels: dict[float, list[CapacityCell]] = {}
     for c in cells:
-        levels.setdefault(c["level"], []).append(c)
+        levels.setdefault(c.level, []).append(c)
 
-    def solid(group: list[dict[str, Any]], ok: bool) -> bool:
-        return group[-1]["pass"] is ok and not group[-1]["borderline"]
+    def solid(group: list[CapacityCell], ok: bool) -> bool:
+        return group[-1].passed is ok and not group[-1].borderline
 
     low = 0.0
     for level in sorted(levels):
@@ -512,9 +537,9 @@ def _answer_range(
         return low, high, []
     # What the range rests on: every cell run inside it.
     because = [
-        f"{c['name']} {'passed' if c['pass'] else 'failed'}"
-        + (" within its CI" if c["borderline"] else "")
-        for c in sorted(cells, key=lambda c: (c["level"], c["duration_s"]))
-        if low < c["level"] <= high
+        f"{c.name} {'passed' if c.passed else 'failed'}"
+        + (" within its CI" if c.borderline else "")
+        for c in sorted(cells, key=lambda c: (c.level, c.duration_s or 0.0))
+        if low < c.level <= high
     ]
     return low, high, because

@@ -4,7 +4,6 @@ See docs/engine-model.md."""
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from replayer.config import EndpointConfig, Lanes, ReplayConfig
 from replayer.launch import replay
+from replayer.records.rundir import read_run_json
 from replayer.runner.virtual import virtual_sim_config
 from traces.materialize import PromptConfig
 
@@ -68,9 +68,12 @@ def engine_curve(
             )
             out = Path(tmp) / f"kv{k}"
             summary = replay(trace_path, config, out)
-            meta = json.loads((out / "run.json").read_text())["virtual"]
-            queries = meta["prefix_cache_queries_tokens"]
+            virtual = read_run_json(out / "run.json").virtual
+            assert virtual is not None
+            assert virtual.engine is not None
+            engine = virtual.engine
+            queries = engine.prefix_cache_queries_tokens
             refused = summary.counts.failed
-            hit = meta["prefix_cache_hits_tokens"] / queries if queries else None
-            points.append(EnginePoint(budget, hit, meta["preemptions"], refused))
+            hit = engine.prefix_cache_hits_tokens / queries if queries else None
+            points.append(EnginePoint(budget, hit, engine.preemptions, refused))
     return points

@@ -87,14 +87,14 @@ def test_request_cache_tree_rates_and_miss_impact(
     assert trees.loc["B", "ideal"] == pytest.approx(1400 / 2000)
     assert np.isnan(trees["lru"]["B"])
     impact = miss_impact(per, tolerance_tokens=64)
-    assert impact["requests_reporting"] == 4
-    assert impact["requests_with_miss"] == 2
-    assert impact["missed_tokens"] == pytest.approx(1300.0)
+    assert impact.requests_reporting == 4
+    assert impact.requests_with_miss == 2
+    assert impact.missed_tokens == pytest.approx(1300.0)
     # Full hit TTFTs [100, 120]: P90 118; with miss [900, 1000]: P90 990.
-    assert impact["ttft_p90_ms_full_hit"] == pytest.approx(118.0)
-    assert impact["ttft_p90_ms_with_miss"] == pytest.approx(990.0)
+    assert impact.ttft_p90_ms_full_hit == pytest.approx(118.0)
+    assert impact.ttft_p90_ms_with_miss == pytest.approx(990.0)
     # P90 of [100, 120, 900, 1000] = 970: the one slower row (1000) missed.
-    assert impact["slow_with_miss_fraction"] == pytest.approx(1.0)
+    assert impact.slow_with_miss_fraction == pytest.approx(1.0)
 
 
 def test_miss_impact_unavailable_when_nothing_reported(
@@ -102,8 +102,8 @@ def test_miss_impact_unavailable_when_nothing_reported(
 ) -> None:
     per = request_cache(records_frame(records_to_table([rec()])))
     impact = miss_impact(per, tolerance_tokens=64)
-    assert impact["requests_with_miss"] is None
-    assert np.isnan(impact["ttft_p90_ms_with_miss"])
+    assert impact.requests_with_miss is None
+    assert np.isnan(impact.ttft_p90_ms_with_miss)
 
 
 def test_pareto_front_hand_made() -> None:
@@ -143,9 +143,9 @@ def test_miss_counts_only_shortfalls_beyond_one_server_block(
     run_dir = write_run_dir(tmp_path / "run", rows, server_metrics=[info])
     run = load_run(run_dir)
     misses = summarize(run).cache_misses
-    assert misses["tolerance_tokens"] == 16
-    assert misses["requests_with_miss"] == 1
-    assert misses["missed_tokens"] == 20
+    assert misses.tolerance_tokens == 16
+    assert misses.requests_with_miss == 1
+    assert misses.missed_tokens == 20
     told = summarize(run, server_block_tokens=4).cache_misses
-    assert told["tolerance_tokens"] == 4
-    assert told["requests_with_miss"] == 2
+    assert told.tolerance_tokens == 4
+    assert told.requests_with_miss == 2

@@ -290,6 +290,7 @@ def test_report_of_a_14_cell_capacity_search_fits_the_page(
 ) -> None:
     from analysis.metrics import Slo
     from replayer.cli.capacity import format_capacity
+    from replayer.records.capacity import CapacityCell, CapacityDoc, SearchSettings
     from replayer.studies.capacity import CapacitySearch, _result, _Search
     from tests.builders import capacity_cell
 
@@ -299,23 +300,23 @@ def test_report_of_a_14_cell_capacity_search_fits_the_page(
     )
     # TTFT fails from 9 on, TPOT never; 12 and up were client-limited.
     cells = [
-        capacity_cell(
+        CapacityCell.from_dict(capacity_cell(
             f"c{c}", c, (40.0 * c, c < 9), (30.0, True),
             client_limited=c >= 12, client_reasons=["dispatch lag P99 80 ms > 50 ms"],
-        )
+        ))
         for c in levels
     ]  # fmt: skip
     search = CapacitySearch(slo=Slo(ttft_ms=350.0, tpot_ms=100.0))
     bounds = _Search(search)
     for c in cells:
-        bounds.record(c["level"], c["pass"], client_limited=c["client_limited"])
-    doc = {
-        "search": {"slo": {"ttft_ms": 350.0, "tpot_ms": 100.0},
-                   "percentile": 90, "mode": "concurrency"},
-        "cells": cells,
-        "result": _result(search, bounds, cells, "found", None),
-    }  # fmt: skip
-    (folder / "capacity.json").write_text(json.dumps(doc))
+        bounds.record(c.level, c.passed, client_limited=c.client_limited)
+    doc = CapacityDoc(
+        search=SearchSettings(slo={"ttft_ms": 350.0, "tpot_ms": 100.0},
+                              percentile=90, mode="concurrency"),
+        cells=tuple(cells),
+        result=_result(search, bounds, cells, "found", None),
+    )  # fmt: skip
+    (folder / "capacity.json").write_text(json.dumps(doc.as_dict()))
     assert "c12   12     CLIENT-LIMITED" in format_capacity(doc)
     out = tmp_path / "report.html"
     _invoke("report", str(folder), "-o", str(out))

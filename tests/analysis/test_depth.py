@@ -46,26 +46,26 @@ def test_depth_tables_by_turn_and_depth(
     )  # fmt: skip
     run = load_run(make_run_dir(tmp_path / "r", rows))
     df = m.numeric_view(run.requests)
-    turns = {r["group"]: r for r in by_turn(df)}
+    turns = {r.group: r for r in by_turn(df)}
     assert list(turns) == ["0", "1", "2-3"]
-    assert turns["0"]["requests"] == 3  # both roots' first turn and the subagent's
-    assert turns["1"]["ttft_ms_p50"] == pytest.approx(20.0)
-    assert turns["2-3"]["requests"] == 4
-    assert turns["2-3"]["ttft_ms_p90"] == pytest.approx(
+    assert turns["0"].requests == 3  # both roots' first turn and the subagent's
+    assert turns["1"].ttft_ms_p50 == pytest.approx(20.0)
+    assert turns["2-3"].requests == 4
+    assert turns["2-3"].ttft_ms_p90 == pytest.approx(
         np.percentile([30, 30, 40, 40], 90)
     )
-    assert turns["2-3"]["hit_rate_ideal"] == pytest.approx((500 + 750) * 2 / 4000)
-    assert turns["2-3"]["hit_rate_server"] == pytest.approx((400 + 600) * 2 / 4000)
+    assert turns["2-3"].hit_rate_ideal == pytest.approx((500 + 750) * 2 / 4000)
+    assert turns["2-3"].hit_rate_server == pytest.approx((400 + 600) * 2 / 4000)
     # Turn 0: the subagent reports no cached_tokens: the server rate is over the
     # roots' first turns only (0), never a 0 made up for the subagent.
-    assert turns["0"]["hit_rate_server"] == 0.0
-    depths = {r["group"]: r for r in by_depth(df)}
-    assert depths["0"]["requests"] == 8
-    assert depths["1"]["requests"] == 1
-    assert np.isnan(depths["1"]["hit_rate_server"])  # unavailable, not 0
-    assert "hit_rate_lru" not in depths["0"]
+    assert turns["0"].hit_rate_server == 0.0
+    depths = {r.group: r for r in by_depth(df)}
+    assert depths["0"].requests == 8
+    assert depths["1"].requests == 1
+    assert np.isnan(depths["1"].hit_rate_server)  # unavailable, not 0
+    assert depths["0"].hit_rate_lru is None
     lru = np.full(len(df), 100.0)
-    assert by_depth(df, lru)[0]["hit_rate_lru"] == pytest.approx(0.1)
+    assert by_depth(df, lru)[0].hit_rate_lru == pytest.approx(0.1)
 
 
 def test_depth_tables_in_analyze_json_and_text(
@@ -101,12 +101,12 @@ def test_depth_table_takes_any_agent_depth(
         for i, d in enumerate(depths)
     ]  # fmt: skip
     df = m.numeric_view(records_frame(records_to_table(rows)))
-    table = {r["group"]: r for r in by_depth(df)}
+    table = {r.group: r for r in by_depth(df)}
     assert list(table) == [str(d) for d in sorted(set(depths))]
     for d in set(depths):
         mine = [i for i, x in enumerate(depths) if x == d]
-        assert table[str(d)]["requests"] == len(mine)
-        assert table[str(d)]["hit_rate_ideal"] == sum(10 * i for i in mine) / (
+        assert table[str(d)].requests == len(mine)
+        assert table[str(d)].hit_rate_ideal == sum(10 * i for i in mine) / (
             100 * len(mine)
         )
-        assert table[str(d)]["ttft_ms_p50"] == np.percentile([i + 1 for i in mine], 50)
+        assert table[str(d)].ttft_ms_p50 == np.percentile([i + 1 for i in mine], 50)

@@ -71,18 +71,18 @@ def test_percentile_rows_is_the_one_definition_along_an_axis() -> None:
 
 def test_counts_by_status_and_warmup(five: pd.DataFrame) -> None:
     c = m.counts(five)
-    assert c["requests"] == 5
-    assert c["ok"] == 4
-    assert c["errors"]["http_error"] == 1
-    assert c["errors"]["timeout"] == 0
-    assert c["warmup"] == 1
-    assert c["measured_ok"] == 3
+    assert c.requests == 5
+    assert c.ok == 4
+    assert c.errors["http_error"] == 1
+    assert c.errors["timeout"] == 0
+    assert c.warmup == 1
+    assert c.measured_ok == 3
 
 
 def test_ttft_ms_excludes_warmup_and_errors(five: pd.DataFrame) -> None:
     d = m.describe(m.ttft_ms(five))
     # [100, 200, 300]: p90 at index 1.8 → 200 + 0.8 * 100.
-    assert d == pytest.approx(
+    assert d.as_dict() == pytest.approx(
         {"mean": 200.0, "p50": 200.0, "p90": 280.0, "p99": 298.0, "count": 3}
     )
 
@@ -90,10 +90,10 @@ def test_ttft_ms_excludes_warmup_and_errors(five: pd.DataFrame) -> None:
 def test_e2e_ms(five: pd.DataFrame) -> None:
     d = m.describe(m.e2e_ms(five))
     # E2E sorted: 1000, 1100, 2300 ms.
-    assert d["mean"] == pytest.approx(4400 / 3)
-    assert d["p50"] == pytest.approx(1100.0)
-    assert d["p90"] == pytest.approx(1100 + 0.8 * 1200)
-    assert d["p99"] == pytest.approx(1100 + 0.98 * 1200)
+    assert d.mean == pytest.approx(4400 / 3)
+    assert d.p50 == pytest.approx(1100.0)
+    assert d.p90 == pytest.approx(1100 + 0.8 * 1200)
+    assert d.p99 == pytest.approx(1100 + 0.98 * 1200)
 
 
 def test_tpot_ms_is_decode_time_over_tokens_after_first(five: pd.DataFrame) -> None:
@@ -120,9 +120,9 @@ def test_goodput_tpot_agrees_with_tpot_ms(
     ]  # fmt: skip
     df = records_frame(records_to_table(rows))
     assert sorted(m.tpot_ms(df).tolist()) == [20.0, 40.0]
-    assert m.goodput(df, m.Slo(tpot_ms=30.0))["requests"] == 1
-    assert m.goodput(df, m.Slo(tpot_ms=15.0))["requests"] == 0
-    assert m.goodput(df, m.Slo(tpot_ms=40.0))["requests"] == 2
+    assert m.goodput(df, m.Slo(tpot_ms=30.0)).requests == 1
+    assert m.goodput(df, m.Slo(tpot_ms=15.0)).requests == 0
+    assert m.goodput(df, m.Slo(tpot_ms=40.0)).requests == 2
 
 
 def test_tpot_ms_skips_single_token_rows(rec: Callable[..., RequestRecord]) -> None:
@@ -163,24 +163,25 @@ def test_e2e_norm_interactivity(five: pd.DataFrame) -> None:
 def test_throughput_over_measured_window(five: pd.DataFrame) -> None:
     t = m.throughput_tok_s(five, gpus=2)
     # Window: A's start 1.0 s → B's end 3.8 s = 2.8 s (D warm-up, E error excluded).
-    assert t["window_s"] == pytest.approx(2.8)
-    assert t["input"] == pytest.approx(6000 / 2.8)
-    assert t["output"] == pytest.approx(57 / 2.8)
-    assert t["total"] == pytest.approx(6057 / 2.8)
-    assert t["requests"] == pytest.approx(3 / 2.8)
-    assert t["per_gpu"]["output"] == pytest.approx(57 / 2.8 / 2)
-    assert "per_gpu" not in m.throughput_tok_s(five)
+    assert t.window_s == pytest.approx(2.8)
+    assert t.input == pytest.approx(6000 / 2.8)
+    assert t.output == pytest.approx(57 / 2.8)
+    assert t.total == pytest.approx(6057 / 2.8)
+    assert t.requests == pytest.approx(3 / 2.8)
+    assert t.per_gpu is not None
+    assert t.per_gpu.output == pytest.approx(57 / 2.8 / 2)
+    assert m.throughput_tok_s(five).per_gpu is None
 
 
 def test_goodput_counts_errors_as_failing(five: pd.DataFrame) -> None:
     g = m.goodput(five, m.parse_slo("ttft=250ms,tpot=150ms"))
     # A meets both; B's TTFT 300 and C's TPOT 200 fail; E failed; D is warm-up.
-    assert g["requests"] == 1
-    assert g["attempted"] == 4
-    assert g["fraction"] == pytest.approx(0.25)
-    assert g["requests_s"] == pytest.approx(1 / 2.8)
-    assert g["output_tok_s"] == pytest.approx(11 / 2.8)
-    assert g["slo"] == {"ttft_ms": 250.0, "tpot_ms": 150.0}
+    assert g.requests == 1
+    assert g.attempted == 4
+    assert g.fraction == pytest.approx(0.25)
+    assert g.requests_s == pytest.approx(1 / 2.8)
+    assert g.output_tok_s == pytest.approx(11 / 2.8)
+    assert g.slo == {"ttft_ms": 250.0, "tpot_ms": 150.0}
 
 
 def test_parse_slo_units_and_errors() -> None:

@@ -4,6 +4,7 @@ test_cli renders the whole page in Chromium): the fixes a reader asked for."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,20 +14,20 @@ import pytest
 from analysis import metrics as m
 from analysis import report
 from analysis.load import load_run
+from analysis.results import CacheRates, LruEstimate
 from replayer.records import RequestRecord
+from replayer.records.capacity import CapacityDoc, ClientLimit
 from tests.builders import capacity_cell
 
 MS = 1_000_000
 
 
-def _summary(name: str, **rates: float) -> dict[str, Any]:
-    return {"run": {"name": name}, "cache_hit_rate": rates}
-
-
 def test_report_hit_chart_zooms_labels_and_keeps_the_legend_off_the_bars() -> None:
-    fig = report.hit_figure(
-        [_summary("a", ideal=0.964, server=0.963, prometheus=0.9635, lru=float("nan"))]
+    lru = LruEstimate(
+        hit_rate=float("nan"), capacity_tokens=1, host_capacity_tokens=None
     )
+    rates = CacheRates(ideal=0.964, server=0.963, prometheus=0.9635, lru=lru)
+    fig = report.hit_figure([("a", rates)])
     (ax,) = fig.axes
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["ideal", "server", "prometheus"]  # no "lru" without a bar
@@ -84,7 +85,7 @@ def test_report_timeline_throughput_has_no_coalescing_spike(
 
 
 def test_report_capacity_markers_follow_each_metrics_own_verdict() -> None:
-    doc: dict[str, Any] = {
+    doc = CapacityDoc.from_dict({
         "search": {"slo": {"ttft_ms": 100.0, "tpot_ms": 100.0}, "percentile": 90,
                    "mode": "concurrency"},
         "cells": [
@@ -92,8 +93,8 @@ def test_report_capacity_markers_follow_each_metrics_own_verdict() -> None:
             capacity_cell("c2", 2, (150, False), (30, True)),  # TTFT fails only
             capacity_cell("c4", 4, (40, True), (40, True), client_limited=True),
         ],
-        "result": {"max_level": 1, "client_limited_cells": ["c4"]},
-    }  # fmt: skip
+        "result": {"status": "found", "max_level": 1, "client_limited_cells": ["c4"]},
+    })  # fmt: skip
     ttft_ax, tpot_ax = report.capacity_figure(doc).axes
 
     def levels(ax: Any) -> dict[str, list[float]]:
@@ -111,13 +112,18 @@ def test_report_capacity_markers_follow_each_metrics_own_verdict() -> None:
         "CLIENT-LIMITED cells, not counted (the replayer, not the server, set their "
         "latencies): c4"
     ]
-    doc["result"] |= {
-        "lower_bound_by_client": True,
-        "client_limit": {"name": "c4"},
-        "thin": True,
-        "answer_range": [1, 2],
-        "thin_because": ["c2 failed within its CI"],
-    }
+    assert doc.result is not None
+    doc = replace(
+        doc,
+        result=replace(
+            doc.result,
+            lower_bound_by_client=True,
+            client_limit=ClientLimit(name="c4", level=4, reasons=()),
+            thin=True,
+            answer_range=(1, 2),
+            thin_because=("c2 failed within its CI",),
+        ),
+    )
     bound, thin = report.capacity_notes(doc)[1:]
     assert bound.startswith("The answer is a lower bound set by the client (c4")
     assert bound.endswith("add --workers or --ray")

@@ -322,20 +322,20 @@ def test_slo_verdict_pass_fail_and_borderline(
     df = m.numeric_view(load_run(make_run_dir(tmp_path / "r", rows)).requests)
     figures = steady_state(df)
     assert figures is not None
-    p90 = figures["queued_ttft_ms"]["p90"]
-    assert slo_verdict(df, m.Slo(ttft_ms=p90 * 2))["pass"]
+    p90 = figures.queued_ttft_ms.p90
+    assert slo_verdict(df, m.Slo(ttft_ms=p90 * 2)).passed
     bad = slo_verdict(df, m.Slo(ttft_ms=p90 / 2, tpot_ms=1000))
-    assert not bad["pass"]
-    assert not bad["borderline"]
-    assert len(bad["reasons"]) == 1
-    assert bad["reasons"][0].startswith("queued_ttft p90")
+    assert not bad.passed
+    assert not bad.borderline
+    assert len(bad.reasons) == 1
+    assert bad.reasons[0].startswith("queued_ttft p90")
     near = slo_verdict(df, m.Slo(ttft_ms=p90 + 0.01))
-    assert near["pass"]
-    assert near["borderline"]
+    assert near.passed
+    assert near.borderline
     # The percentile is the caller's.
-    p50 = figures["queued_ttft_ms"]["p50"]
-    assert slo_verdict(df, m.Slo(ttft_ms=p50 + 1), percentile=50)["pass"]
-    assert not slo_verdict(df, m.Slo(ttft_ms=p50 + 1), percentile=90)["pass"]
+    p50 = figures.queued_ttft_ms.p50
+    assert slo_verdict(df, m.Slo(ttft_ms=p50 + 1), percentile=50).passed
+    assert not slo_verdict(df, m.Slo(ttft_ms=p50 + 1), percentile=90).passed
 
 
 def test_percentile_ci_point_is_numpys_linear_percentile_for_large_samples() -> None:

@@ -110,9 +110,9 @@ async def test_agentx_mid_session_starts_primed_with_one_token(tmp_path: Path) -
     # the turns a primed lane plays while others still prime).
     assert int(rows.primer.sum()) == len(trace.sessions)
     view = numeric_view(load_run(tmp_path / "run").requests)
-    assert counts(view)["warmup"] == int(rows.warmup.sum()) >= len(trace.sessions)
+    assert counts(view).warmup == int(rows.warmup.sum()) >= len(trace.sessions)
     assert meta.protocol is not None
-    assert meta.protocol["start_ratio"] == [0.25, 0.75]
+    assert meta.protocol.start_ratio == (0.25, 0.75)
 
 
 def test_agentx_start_index_bounds() -> None:
@@ -149,7 +149,7 @@ async def test_agentx_recycled_trees_carry_new_markers(tmp_path: Path) -> None:
         session_header="x-session-id",
     )
     assert meta.protocol is not None
-    assert meta.protocol["duplication_factor"] == pytest.approx(1.5)
+    assert meta.protocol.duplication_factor == pytest.approx(1.5)
     assert rows.replay_index.max() >= 1
     # Bodies by replay of trace_0718 (the header names tree and replay).
     by_replay: dict[str, list[list[tuple[int, ...]]]] = {}
@@ -212,7 +212,8 @@ async def test_agentx_cache_warmup_zero_gaps_flagged_then_window(
     gaps = measured.start_ns.to_numpy()[1:] - measured.end_ns.to_numpy()[:-1]
     assert (gaps == 30_000_000_000).all()
     assert meta.protocol is not None
-    assert meta.protocol["measure_start_ns"] == start
+    assert meta.protocol.outcome is not None
+    assert meta.protocol.outcome.measure_start_ns == start
 
 
 async def test_agentx_idle_skip_compresses_whole_system_idle(tmp_path: Path) -> None:
@@ -231,7 +232,8 @@ async def test_agentx_idle_skip_compresses_whole_system_idle(tmp_path: Path) -> 
     gaps = rows.start_ns.to_numpy()[1:] - rows.end_ns.to_numpy()[:-1]
     assert gaps.tolist() == [10_000_000_000, 8_000_000_000]
     assert meta.protocol is not None
-    assert meta.protocol["idle_skipped_s"] == pytest.approx(90.0)
+    assert meta.protocol.outcome is not None
+    assert meta.protocol.outcome.idle_skipped_s == pytest.approx(90.0)
 
 
 async def test_agentx_idle_skip_and_the_window_end(tmp_path: Path) -> None:
@@ -276,7 +278,8 @@ async def test_agentx_idle_skip_waits_while_another_lane_works(tmp_path: Path) -
     # b streams for 200 s: a's gap of 60 s passes while b works; never skipped.
     assert int(a.start_ns.iloc[1] - a.end_ns.iloc[0]) == 60_000_000_000
     assert meta.protocol is not None
-    assert meta.protocol["idle_skipped_s"] == 0.0
+    assert meta.protocol.outcome is not None
+    assert meta.protocol.outcome.idle_skipped_s == 0.0
 
 
 @pytest.mark.parametrize(
@@ -297,7 +300,7 @@ async def test_agentx_on_error_policies(
         skipped,
     )
     assert meta.protocol is not None
-    assert (meta.protocol["aborted"] is not None) == (policy == "abort-run")
+    assert (meta.protocol.aborted is not None) == (policy == "abort-run")
 
 
 async def test_agentx_abort_run_stops_every_lane(tmp_path: Path) -> None:
@@ -314,7 +317,7 @@ async def test_agentx_abort_run_stops_every_lane(tmp_path: Path) -> None:
     s = rows[rows.session_id == "slow"].sort_values("request_index")
     assert s.status.tolist() == ["cancelled"]
     assert meta.protocol is not None
-    assert "request 0 of session fail failed" in meta.protocol["aborted"]
+    assert "request 0 of session fail failed" in (meta.protocol.aborted or "")
 
 
 async def _serve(aiohttp_server: Serve, fake: FakeLLM) -> str:

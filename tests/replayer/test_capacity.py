@@ -15,6 +15,7 @@ from analysis import metrics as m
 from analysis.load import load_run
 from analysis.steady import slo_verdict
 from replayer.errors import ConfigError
+from replayer.records.capacity import CapacityCell, CapacityDoc, SearchSettings
 from replayer.studies.capacity import CapacitySearch, _Search
 from tests.builders import capacity_cell, request, session, trace_of
 from traces.io import write_trace
@@ -139,7 +140,7 @@ def test_capacity_finds_the_kv_knee_of_the_sim(tmp_path: Path) -> None:
     for level, ok in ((best, True), (best + 1, False)):
         run = load_run(out / _cell(doc, level)["name"])
         verdict = slo_verdict(m.numeric_view(run.requests), m.Slo(ttft_ms=60))
-        assert verdict["pass"] is ok
+        assert verdict.passed is ok
         assert run.meta.steady_state is not None  # the window is in run.json
 
     # The knee is the KV cache's: past three lanes the server's prefix hit collapses.
@@ -266,16 +267,18 @@ def test_search_takes_a_client_limited_level_as_a_bound_not_a_failure() -> None:
     assert bounds.client_bound
 
 
-def _fake_cell(name: str, level: float, ok: bool, borderline: bool) -> dict[str, Any]:
-    return capacity_cell(
-        name,
-        int(level),
-        (99.0 if ok else 100.2, ok),
-        (20.0, True),
-        borderline=borderline,
-        duration_s=2.0 if name.endswith("-wide") else 1.0,
-        client_limited=False,
-        reasons=[] if ok else ["queued_ttft p90 100.2 ms > 100 ms"],
+def _fake_cell(name: str, level: float, ok: bool, borderline: bool) -> CapacityCell:
+    return CapacityCell.from_dict(
+        capacity_cell(
+            name,
+            int(level),
+            (99.0 if ok else 100.2, ok),
+            (20.0, True),
+            borderline=borderline,
+            duration_s=2.0 if name.endswith("-wide") else 1.0,
+            client_limited=False,
+            reasons=[] if ok else ["queued_ttft p90 100.2 ms > 100 ms"],
+        )
     )
 
 
@@ -298,23 +301,27 @@ def test_capacity_answer_is_a_range_when_cells_disagree_within_their_cis() -> No
         if not borderline or name.endswith("-wide"):
             bounds.record(level, ok)
     result = _result(search, bounds, cells, bounds.status, None)
-    assert result["max_concurrency"] == 45
+    assert result.as_dict()["max_concurrency"] == 45
     # 44 and below passed clearly; 45 failed once and passed widened, within its
     # CI; 46 failed clearly. 48 failed only within its CI, but above 46.
-    assert result["answer_range"] == [44, 45]
-    assert result["thin"] is True
-    assert result["thin_because"] == [
+    assert result.answer_range == (44, 45)
+    assert result.thin is True
+    assert result.thin_because == (
         "c45 failed within its CI",
         "c45-wide passed within its CI",
-    ]
+    )
     # Without the clear failure at 46, 48's failures within their CIs leave 48 open.
-    cells = [c for c in cells if c["name"] != "c46"]
+    cells = [c for c in cells if c.name != "c46"]
     result = _result(search, bounds, cells, bounds.status, None)
-    assert result["answer_range"] == [44, 48]
+    assert result.answer_range == (44, 48)
+    search_doc = {"slo": {"ttft_ms": 100}, "percentile": 90, "mode": "concurrency"}
     text = format_capacity(
-        {"search": {"slo": {"ttft_ms": 100}, "percentile": 90, "mode": "concurrency"},
-         "cells": cells, "result": result}
-    )  # fmt: skip
+        CapacityDoc(
+            search=SearchSettings.from_dict(search_doc),
+            cells=tuple(cells),
+            result=result,
+        )
+    )
     assert "thin evidence: the cells support anything from 44 to 48, not 45" in text
     # Clear verdicts on both sides: one number.
     clear = [_fake_cell("c4", 4, True, False), _fake_cell("c5", 5, False, False)]
@@ -322,9 +329,9 @@ def test_capacity_answer_is_a_range_when_cells_disagree_within_their_cis() -> No
     b.record(4, True)
     b.record(5, False)
     result = _result(search, b, clear, "found", None)
-    assert result["answer_range"] == [4, 4]
-    assert result["thin"] is False
-    assert result["lower_bound_by_client"] is False
+    assert result.answer_range == (4, 4)
+    assert result.thin is False
+    assert result.lower_bound_by_client is False
 
 
 def test_capacity_never_counts_a_client_limited_cell(tmp_path: Path) -> None:

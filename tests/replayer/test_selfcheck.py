@@ -24,7 +24,8 @@ import pytest
 
 from replayer.clock import MonotonicClock
 from replayer.play.progress import Progress, RunCounters
-from replayer.play.selfcheck import ClientCheck, LoopMonitor, merge_checks
+from replayer.play.selfcheck import LoopMonitor, merge_checks
+from replayer.records import ClientCheck
 from tests.builders import growing_session, trace_of
 from tests.instant_server import answer, next_request
 from traces.io import write_trace
@@ -90,22 +91,23 @@ def test_selfcheck_slow_connects_are_the_servers_said_not_flagged() -> None:
     assert check.slot_wait_ms["p99"] == 0.0
     (note,) = check.server_notes
     assert note.startswith("server slow to accept connections: connect P99 1,000.0 ms")
-    merged = merge_checks({0: check.as_dict(), 1: ClientCheck(limited=False).as_dict()})
+    merged = merge_checks({0: check, 1: ClientCheck(limited=False)})
     assert merged is not None
-    assert merged["limited"] is False
-    assert merged["server_notes"] == [f"worker 0: {note}"]
-    assert merged["connect_ms"]["p99"] == pytest.approx(1000.0)
+    assert merged.limited is False
+    assert merged.server_notes == (f"worker 0: {note}",)
+    assert merged.connect_ms["p99"] == pytest.approx(1000.0)
 
 
 def test_selfcheck_merge_is_the_worst_worker_and_names_it() -> None:
-    calm = {"limited": False, "reasons": [], "loop_lag_ms": {"p99": 2.0}}
-    busy = {"limited": True, "reasons": ["lag"], "loop_lag_ms": {"p99": 90.0}}
+    calm = ClientCheck(limited=False, loop_lag_ms={"p99": 2.0})
+    busy = ClientCheck(limited=True, reasons=("lag",), loop_lag_ms={"p99": 90.0})
     merged = merge_checks({0: calm, 1: busy})
     assert merged is not None
-    assert merged["limited"] is True
-    assert merged["reasons"] == ["worker 1: lag"]
-    assert merged["loop_lag_ms"] == {"p99": 90.0}
-    assert set(merged["workers"]) == {"0", "1"}
+    assert merged.limited is True
+    assert merged.reasons == ("worker 1: lag",)
+    assert merged.loop_lag_ms == {"p99": 90.0}
+    assert merged.workers is not None
+    assert set(merged.workers) == {"0", "1"}
     assert merge_checks({}) is None
 
 
