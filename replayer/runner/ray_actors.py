@@ -210,6 +210,9 @@ def replay_with_ray(
     progress: TextIO | None = None,
 ) -> RunSummary:
     """Run the replay as Ray actors on the cluster at ``config.ray_address``."""
+    # Actors run in Ray's own working directory: a relative path would name
+    # another file there (or none).
+    trace_path, run_dir = trace_path.absolute(), run_dir.absolute()
     ray = _ray()
     address = config.ray_address
     try:

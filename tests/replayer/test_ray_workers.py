@@ -69,9 +69,16 @@ def _assert_loopback_only(cluster: Any) -> None:
     assert beyond_loopback(listeners) == {}, listeners
 
 
-def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, timeout: float = 240, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*REPLAYER, *args], capture_output=True, text=True, timeout=timeout, check=False
+        [*REPLAYER, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=cwd,
     )
 
 
@@ -90,8 +97,10 @@ def test_ray_two_nodes_give_the_rows_of_one_process(
 ) -> None:
     trace = _trace(tmp_path / "t.jsonl", sessions=8, turns=6, out=8)
     common = ["--concurrency", "4", "--quiet", "--sim-args", "--speed 50"]
-    ray = _cli("run", str(trace), "--ray", ray_cluster, "--out", str(tmp_path / "ray"),
-               *common)  # fmt: skip
+    # Paths relative to where the command runs: the actors must not read them
+    # relative to Ray's own working directory.
+    ray = _cli("run", trace.name, "--ray", ray_cluster, "--out", "ray", *common,
+               cwd=tmp_path)  # fmt: skip
     assert ray.returncode == 0, ray.stderr
     one = _cli("run", str(trace), "--out", str(tmp_path / "one"), *common)
     assert one.returncode == 0, one.stderr
