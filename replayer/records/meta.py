@@ -7,7 +7,6 @@ import copy
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
@@ -15,6 +14,7 @@ from replayer.errors import ReplayerError
 from replayer.records.engine_model import EngineModel
 from replayer.records.rows import FAILED_STATUSES
 from replayer.sim.config import SimConfig
+from traces.stats import steady_span
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,7 +131,6 @@ STEADY_METHOD = (
     "cut in all), then moved out to where the load first and last reaches the "
     "kept window's band (mean - 2 SD of its batches)"
 )
-_MIN_STEADY_ROWS = 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,99 +176,18 @@ def steady_window(
     start_ns: npt.ArrayLike, end_ns: npt.ArrayLike
 ) -> SteadyWindow | None:
     """The steady-state window of requests sent at ``start_ns`` and ended at
-    ``end_ns`` (run-relative; rows with either missing are ignored; None: none left).
-
-    The span from the first send to the last end is cut into bins (5 per 10
-    requests, between 50 and 500, a multiple of 5), and the load is the number of
-    requests in flight at each bin's middle: it climbs while lanes fill (or while a
-    queue builds) and falls while the run drains. The head and the tail cut are
-    chosen together (:func:`_mser_cuts`): MSER-5 over every (head, tail) pair that
-    cuts at most half the bins, then each cut moved out to where the load first
-    (last) reaches the steady level's band. One minimum over all pairs, no
-    alternation: two one-sided cuts made in turn settled, on the README's Weka
-    run, on the whole drain kept and 18 s of steady load dropped. Completions per
-    bin, the other obvious signal, were tried and left out: being a count of
-    random events, their noise drew MSER to spurious late cuts.
-    Fewer than 20 requests: the whole span, ``bins`` 0.
-    """
-    s = np.asarray(start_ns, dtype=np.float64)
-    e = np.asarray(end_ns, dtype=np.float64)
-    keep = ~(np.isnan(s) | np.isnan(e))
-    s, e = s[keep], e[keep]
-    if s.size == 0:
+    ``end_ns`` (run-relative; rows with either missing are ignored; None: none left),
+    by :func:`traces.stats.steady_span` (its docstring says how)."""
+    span = steady_span(start_ns, end_ns)
+    if span is None:
         return None
-    lo, hi = int(s.min()), int(e.max())
-    if s.size < _MIN_STEADY_ROWS or hi <= lo:
-        return SteadyWindow(
-            start_ns=lo, end_ns=max(lo, hi), run_start_ns=lo, run_end_ns=hi, bins=0
-        )
-    nb = min(500, max(50, s.size // 10 * 5)) // 5 * 5
-    edges = np.linspace(lo, hi, nb + 1)
-    # Sent minus ended before each bin's middle: cumulative counts over bins that
-    # end at the middles (uniform bins: histograms in O(n), no sort).
-    w = (hi - lo) / nb
-    span = (lo - w / 2, hi - w / 2)
-    inflight = (
-        np.cumsum(np.histogram(s, bins=nb, range=span)[0])
-        - np.cumsum(np.histogram(e, bins=nb, range=span)[0])
-    ).astype(np.float64)
-    head, tail = _mser_cuts(inflight)
     return SteadyWindow(
-        start_ns=int(edges[head]),
-        end_ns=int(edges[nb - tail]),
-        run_start_ns=lo,
-        run_end_ns=hi,
-        bins=nb,
+        start_ns=span.start,
+        end_ns=span.end,
+        run_start_ns=span.run_start,
+        run_end_ns=span.run_end,
+        bins=span.bins,
     )
-
-
-def _mser_cuts(y: npt.NDArray[np.float64], batch: int = 5) -> tuple[int, int]:
-    """(head, tail): how many leading and trailing points of ``y`` to cut, jointly.
-
-    ``y`` (a multiple of ``batch`` points long) is cut into means of ``batch``
-    points Z_1..Z_k. For every head d and tail t with d + t ≤ k/2
-    (MSER's customary bound, over both ends: more than half the run cut is not a
-    transient but the run),
-
-        MSER(d, t) = Σ_{d<j≤k-t} (Z_j - mean(Z_{d+1..k-t}))² / (k - d - t)²
-
-    and the pair with the least statistic wins; among pairs within round-off of
-    it, the one cutting least, then the one with the shorter head. Then each cut
-    shrinks to the band step below. Fewer than two batches: nothing is cut.
-    """
-    k = y.size // batch
-    if k < 2:
-        return 0, 0
-    z = y[: k * batch].reshape(k, batch).mean(axis=1)
-    c1 = np.r_[0.0, np.cumsum(z)]
-    c2 = np.r_[0.0, np.cumsum(z * z)]
-    d, t = np.meshgrid(np.arange(k // 2 + 1), np.arange(k // 2 + 1), indexing="ij")
-    ok = d + t <= k // 2
-    d, t = d[ok], t[ok]
-    hi = k - t
-    m = hi - d
-    s1 = c1[hi] - c1[d]
-    sse = np.maximum(c2[hi] - c2[d] - s1 * s1 / m, 0.0)
-    mser = sse / (m * m)
-    # Round-off in the prefix sums makes equal MSERs (a flat series) differ in the
-    # last bits: values within 1e-10 of the series' own scale tie.
-    tol = 1e-10 * float(c2[-1]) / (k * k)
-    tied = np.flatnonzero(mser <= float(mser.min()) + tol)
-    best = tied[np.lexsort((d[tied], (d + t)[tied]))[0]]
-    head, tail = int(d[best]), int(t[best])
-    # MSER over-cuts a noisy plateau (dropping a stretch of it lowers the squared
-    # deviations more than it costs in points), so its window only measures the
-    # steady level: the ramp ends where the load first reaches that level's band
-    # (mean - 2 standard deviations of the window's batches), the drain starts
-    # after it last leaves it. Dips inside the run are load, not transients, and
-    # so is load above the band (subagent bursts early in sessions): a ramp and a
-    # drain lie below the steady level, and the MSER cut alone dropped such
-    # bursts as a transient.
-    kept = z[head : k - tail]
-    inside = np.flatnonzero(z >= kept.mean() - 2 * kept.std())
-    head = min(head, int(inside[0]))
-    tail = min(tail, k - 1 - int(inside[-1]))
-    return head * batch, tail * batch
 
 
 def _known(cls: type, obj: Any) -> dict[str, Any]:

@@ -21,26 +21,29 @@ from analysis.steady import (
 )
 from analysis.summary import summarize
 from replayer.records import RequestRecord, steady_window
-from traces.stats import mser_truncation
+from traces.stats import mser_cuts
 
 FloatArray = npt.NDArray[np.float64]
 
 
 def test_mser_by_hand() -> None:
-    # batch 1, series 0 10 10 10: d=0 → mean 7.5, SSE 56.25 + 3·6.25 = 75, /4² = 4.69;
-    # d=1 → SSE 0. The first minimum wins: cut one point.
-    assert mser_truncation([0, 10, 10, 10], batch=1) == 1
-    # d ≤ k/2: a "transient" longer than half the series is not cut beyond half.
-    assert mser_truncation([0, 0, 0, 10, 10], batch=1) <= 2
-    assert mser_truncation(np.full(100, 3.0)) == 0  # flat: nothing to cut
-    assert mser_truncation([1.0] * 9) == 0  # fewer than two batches of 5
+    # batch 1, series 0 10 10 10: (head 0, tail 0) → mean 7.5, SSE 75, /4² = 4.69;
+    # (1, 0) → SSE 0, and it cuts least among the zeros: cut one point at the head.
+    assert mser_cuts(np.array([0, 10, 10, 10.0]), batch=1) == (1, 0)
+    assert mser_cuts(np.array([10, 10, 10, 0.0]), batch=1) == (0, 1)  # the tail
+    assert mser_cuts(np.full(100, 3.0)) == (0, 0)  # flat: nothing to cut
+    assert mser_cuts(np.ones(9)) == (0, 0)  # fewer than two batches of 5
 
 
-def test_mser_finds_a_ramp() -> None:
+def test_mser_finds_a_ramp_and_a_drain() -> None:
     rng = np.random.default_rng(1)
-    series = np.r_[np.linspace(0, 10, 50), 10 + rng.normal(0, 1, 450)]
-    cut = mser_truncation(series)
-    assert 35 <= cut <= 60  # the ramp is the first 50 points
+    ramp = np.linspace(0, 10, 50)  # the load rises over the first 50 points
+    head, tail = mser_cuts(np.r_[ramp, 10 + rng.normal(0, 1, 450)])
+    assert 35 <= head <= 50
+    assert tail == 0
+    head, tail = mser_cuts(np.r_[ramp, 10 + rng.normal(0, 1, 400), ramp[::-1]])
+    assert 35 <= head <= 50
+    assert 35 <= tail <= 50
 
 
 def _closed_loop(
