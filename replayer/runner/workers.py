@@ -524,6 +524,15 @@ def _merge(
             }
         ),
     )
+    echoed = [
+        m.protocol["session_tokens_echoed"]
+        for m in metas
+        if m.protocol and "session_tokens_echoed" in m.protocol
+    ]
+    if echoed and merged.protocol is not None:
+        merged = replace(
+            merged, protocol={**merged.protocol, "session_tokens_echoed": sum(echoed)}
+        )
     if run_dir.is_dir():
         write_run_json(run_dir / "run.json", merged)
     return merged
