@@ -685,3 +685,10 @@ def _reject_idle_flags(opts: dict[str, Any]) -> None:
         and opts["arrival"] != "gamma"
     ):
         raise click.UsageError("--burstiness is the shape of --arrival gamma")
+    if ctx.get_parameter_source("session_id_scope") in _TYPED and opts[
+        "session_routing"
+    ] in ("dynamo-full", "agent-native"):
+        raise click.UsageError(
+            f"--session-routing {opts['session_routing']} names each session and "
+            "its tree itself: drop --session-id-scope"
+        )

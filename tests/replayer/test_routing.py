@@ -204,3 +204,14 @@ def test_header_name_with_spaces_is_a_one_line_usage_error(
     assert "not an HTTP header name" in lines[0]
     assert fake.requests == 0
     assert not (tmp_path / "run").exists()
+
+
+def test_session_id_scope_beside_a_header_set_is_a_usage_error(tmp_path: Path) -> None:
+    fake = FakeLLM()
+    res = _run(
+        tmp_path, fake, agent_tree("t"),
+        "--session-routing", "dynamo-full", "--session-id-scope", "session",
+    )  # fmt: skip
+    assert res.exit_code == 2
+    assert "drop --session-id-scope" in res.output
+    assert fake.requests == 0
