@@ -215,3 +215,24 @@ def test_session_id_scope_beside_a_header_set_is_a_usage_error(tmp_path: Path) -
     assert res.exit_code == 2
     assert "drop --session-id-scope" in res.output
     assert fake.requests == 0
+
+
+@pytest.mark.parametrize(
+    ("mode", "name"),
+    [
+        ("dynamo", "x-dynamo-session-id"),
+        ("sglang", "x-smg-routing-key"),
+        ("header", "x-session-id"),
+    ],
+)
+def test_single_header_presets_carry_the_tree_identity(
+    tmp_path: Path, mode: str, name: str
+) -> None:
+    fake = FakeLLM()
+    res = _run(tmp_path, fake, agent_tree("t"), "--session-routing", mode)
+    assert res.exit_code == 0, res.output
+    assert fake.requests == 10
+    for sent in fake.raw_headers:
+        assert [(k, v) for k, v in sent if k.lower() in {*ROUTING, name}] == [
+            (name, "t#0")
+        ]
