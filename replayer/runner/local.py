@@ -404,6 +404,11 @@ def context_misfits(trace: Trace, config: ReplayConfig) -> int:
 def fit_warnings(trace: Trace, config: ReplayConfig) -> list[str]:
     """What ``run`` says at the start about requests that cannot fit the server's
     context (none: an empty list)."""
+    if config.fit_context == "clamp" and config.max_model_len is None:
+        return [
+            "--fit-context clamp: the server does not report its max_model_len "
+            "(in /v1/models), so no output is clamped"
+        ]
     n = context_misfits(trace, config)
     if not n:
         return []

@@ -14,6 +14,7 @@ from click.testing import CliRunner, Result
 
 from replayer.cli import main
 from tests.builders import growing_session, trace_of
+from tests.fakes import FakeLLM, serve_in_thread
 from traces.io import write_trace
 
 LIMIT = 4096
@@ -148,3 +149,22 @@ def test_bad_output_flags_are_usage_errors(
     assert res.exit_code == 2
     assert says in res.output
     assert not (tmp_path / "r").exists()
+
+
+def test_fit_context_clamp_says_when_the_server_has_no_max_model_len(
+    tmp_path: Path,
+) -> None:
+    fake = FakeLLM()  # its /v1/models lists no max_model_len
+    with serve_in_thread(fake) as url:
+        res, rows = _run(
+            tmp_path, "nolen", "--fit-context", "clamp", "--endpoint", url,
+            "--model", "fake-model",
+        )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "does not report its max_model_len" in res.output
+    assert (rows.requested_output_tokens == _full(rows)).all()
+    assert (rows.dropped_output_tokens == 0).all()
+    meta = _meta(tmp_path, "nolen")
+    config = meta["config"]
+    assert isinstance(config, dict)
+    assert config["max_model_len"] is None
