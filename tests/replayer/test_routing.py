@@ -236,3 +236,27 @@ def test_single_header_presets_carry_the_tree_identity(
         assert [(k, v) for k, v in sent if k.lower() in {*ROUTING, name}] == [
             (name, "t#0")
         ]
+
+
+def test_session_tokens_echoed_add_up_over_workers(tmp_path: Path) -> None:
+    fake = FakeLLM(token_header="x-session-token")
+    trace = write_trace(
+        trace_of(agent_tree("t"), agent_tree("u")), tmp_path / "t.jsonl"
+    )
+    with serve_in_thread(fake) as url:
+        res = CliRunner().invoke(
+            main,
+            [
+                "run", str(trace), "--endpoint", url, "--model", "fake-model",
+                "--think-scale", "0", "--concurrency", "2", "--workers", "2",
+                "--session-token-header", "x-session-token",
+                "--out", str(tmp_path / "run"), "--quiet",
+            ],
+        )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert fake.requests == 20
+    echoed = sum("x-session-token" in h for h in fake.headers)
+    assert echoed == 20 - 2  # each tree's first request has none to echo
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["workers"] == 2
+    assert meta["protocol"]["session_tokens_echoed"] == echoed
