@@ -23,6 +23,22 @@ ROUTING_HEADERS: dict[str, str] = {
     "sglang": "x-smg-routing-key",
     "header": "x-session-id",
 }
+# --session-routing modes that stamp more than one header (docs/agentx.md):
+# Dynamo's agentic set, or the headers the agent itself sends.
+SessionRouting = Literal["dynamo-full", "agent-native"]
+AgentNative = Literal["claude", "codex"]
+FitContext = Literal["off", "clamp"]
+# An HTTP header name: RFC 9110's token characters.
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+
+
+def check_header_name(name: str, option: str) -> None:
+    """Raise ConfigError unless ``name`` is a valid HTTP header name."""
+    if not _HEADER_NAME.match(name):
+        raise ConfigError(
+            f"{option} {name!r}: not an HTTP header name (letters, digits and "
+            "!#$%&'*+-.^_`|~ only; no spaces)"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,8 +58,13 @@ class EndpointConfig:
     vllm_extras: bool = True  # send ignore_eos/min_tokens (some servers reject them)
     keepalive: bool = True  # reuse connections (off: one connection per request)
     include_usage: bool = True  # stream_options.include_usage
+    # A response header whose value is echoed (same name) on the session's next
+    # request (llm-d's x-session-token); the value is never recorded.
+    session_token_header: str | None = None
 
     def __post_init__(self) -> None:
+        if self.session_token_header is not None:
+            check_header_name(self.session_token_header, "--session-token-header")
         if self.base_url is not None and not self.base_url.startswith(
             ("http://", "https://")
         ):
@@ -245,6 +266,19 @@ class ReplayConfig:
     on_error: OnError = "skip-session"  # what a failed request does to the run
     session_header: str | None = None  # HTTP header carrying the session identity
     session_id_scope: SessionIdScope = "tree"  # a subagent's identity: its root's
+    # More than one routing header (None: session_header alone, if any).
+    session_routing: SessionRouting | None = None
+    # agent-native: whose headers (None: the trace's source, an imported log's).
+    agent_native: AgentNative | None = None
+    # Output lengths: the trace's scaled, then capped (before ignore_eos/min_tokens).
+    output_scale: float = 1.0
+    max_output_tokens: int | None = None
+    # Requests whose prompt + output pass max_model_len: sent as they are ("off"),
+    # or their output shortened to fit ("clamp").
+    fit_context: FitContext = "off"
+    # The server's context length as its /v1/models listed it at the start (the
+    # engine model's in virtual time); None: not reported. Filled by the launcher.
+    max_model_len: int | None = None
     # Carry the model's real replies into the history (chat) instead of the
     # recorded ones: prompts then drift from the trace (reported per request).
     live_assistant: bool = False
@@ -253,6 +287,21 @@ class ReplayConfig:
     virtual: str | None = None
 
     def __post_init__(self) -> None:
+        if self.session_header is not None:
+            check_header_name(self.session_header, "--session-header")
+        if self.session_routing is not None and self.session_header is not None:
+            raise ConfigError(
+                f"--session-routing {self.session_routing} names its headers: "
+                "drop --session-header"
+            )
+        if not self.output_scale > 0:
+            raise ConfigError(f"output scale must be > 0 (got {self.output_scale})")
+        if self.max_output_tokens is not None and self.max_output_tokens < 1:
+            raise ConfigError(
+                f"max output tokens must be >= 1 (got {self.max_output_tokens})"
+            )
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max model len must be >= 1 (got {self.max_model_len})")
         if self.start_ratio is not None:
             lo, hi = self.start_ratio
             if not 0 <= lo <= hi <= 1:
@@ -301,6 +350,13 @@ class ReplayConfig:
         d["sim_args"] = list(self.sim_args)
         d["start_ratio"] = None if self.start_ratio is None else list(self.start_ratio)
         return d
+
+    def output_tokens(self, trace_output_tokens: int) -> int:
+        """``max_tokens`` for a trace output length: scaled by ``output_scale``,
+        capped at ``max_output_tokens``, at least 1."""
+        n = max(1, round(trace_output_tokens * self.output_scale))
+        cap = self.max_output_tokens
+        return n if cap is None else min(n, cap)
 
     @property
     def phased(self) -> bool:

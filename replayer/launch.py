@@ -35,7 +35,12 @@ from replayer.records.rundir import (
     trace_content_hash,
     write_run_json,
 )
-from replayer.runner.local import check_prompt_memory, replay_trace, run_async
+from replayer.runner.local import (
+    check_prompt_memory,
+    fit_warnings,
+    replay_trace,
+    run_async,
+)
 from traces.model import Trace
 from traces.table import request_column
 
@@ -86,10 +91,13 @@ def replay(
         ),
     )
     if config.virtual is not None:
-        from replayer.runner.virtual import replay_virtual
+        from replayer.runner.virtual import replay_virtual, virtual_sim_config
 
         if loaded is None:
             raise ConfigError("--virtual runs in one process: drop --workers and --ray")
+        engine = virtual_sim_config(config.virtual, config.sim_args)
+        config = replace(config, max_model_len=engine.max_model_len)
+        meta = _say_fit(meta, loaded, config, progress)
         summary = replay_virtual(loaded, config, out, meta=meta, progress=progress)
         _record_steady_state(summary)
         return summary
@@ -98,6 +106,11 @@ def replay(
         meta = replace(meta, simulated=sim is not None, sim=sim)
         if sim is not None and loaded is not None:
             meta = replace(meta, warnings=sim_fit_warnings(loaded, config, sim))
+        if config.max_model_len is None:
+            length = run_async(lambda: served_context(config.endpoint))
+            config = replace(config, max_model_len=length)
+        if loaded is not None:
+            meta = _say_fit(meta, loaded, config, progress)
         if config.ray_address is not None:
             from replayer.runner.ray_actors import replay_with_ray
 
@@ -117,6 +130,18 @@ def replay(
             )
     _record_steady_state(summary)
     return summary
+
+
+def _say_fit(
+    meta: RunMeta, trace: Trace, config: ReplayConfig, progress: TextIO | None
+) -> RunMeta:
+    """Say now (and in run.json's warnings) how many requests cannot fit the
+    server's context."""
+    said = fit_warnings(trace, config)
+    if progress is not None:
+        for line in said:
+            progress.write(f"warning: {line}\n")
+    return replace(meta, warnings=[*meta.warnings, *said])
 
 
 def _record_steady_state(summary: RunSummary) -> None:
@@ -181,6 +206,14 @@ def running_endpoint(
             model = run_async(lambda: served_model(replace(endpoint, model="?")))
             endpoint = replace(endpoint, model=model)
         yield replace(config, endpoint=endpoint), sim
+
+
+async def served_context(endpoint: EndpointConfig) -> int | None:
+    """The ``max_model_len`` the server's /v1/models gives the model (None: not
+    given, or no model list)."""
+    async with Client(endpoint, MonotonicClock(), limit=1) as client:
+        models = await client.models()
+    return None if models is None else models.get(str(endpoint.model))
 
 
 async def served_model(endpoint: EndpointConfig) -> str:

@@ -6,9 +6,13 @@ seams, and a virtual-time replay built on them (engine_config, replay_in_fakes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import json
-from collections.abc import Awaitable, Callable, Mapping
+import secrets
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,12 @@ class FakeLLM:
     keep_open_after_done: float = 0.0  # seconds to hold the stream after [DONE]
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)  # per request
+    # Per request: its header names as sent (case kept) with their values.
+    raw_headers: list[list[tuple[str, str]]] = field(default_factory=list)
+    # Each response carries a fresh random value in this header (llm-d's session
+    # token); tokens_issued: the value each request's response carried.
+    token_header: str | None = None
+    tokens_issued: list[str | None] = field(default_factory=list)
     active: int = 0
     max_active: int = 0
     requests: int = 0
@@ -68,7 +78,16 @@ def make_fake_llm_app(fake: FakeLLM) -> web.Application:
         body = await request.json()
         fake.bodies.append(body)
         fake.headers.append({k.lower(): v for k, v in request.headers.items()})
+        fake.raw_headers.append(
+            [(k.decode(), v.decode()) for k, v in request.raw_headers]
+        )
         fake.requests += 1
+        extra: dict[str, str] = {}
+        token = None
+        if fake.token_header is not None:
+            token = f"tok-{fake.requests}-{secrets.token_hex(8)}"
+            extra[fake.token_header] = token
+        fake.tokens_issued.append(token)
         loop = asyncio.get_running_loop()
         started = loop.time()
         if fake.requests <= fake.fail_first or fake.status != 200:
@@ -76,21 +95,27 @@ def make_fake_llm_app(fake: FakeLLM) -> web.Application:
             return web.json_response(
                 {"error": {"message": "injected failure", "type": "x", "code": status}},
                 status=status,
+                headers=extra,
             )
         fake.active += 1
         fake.max_active = max(fake.max_active, fake.active)
         try:
-            return await _stream(request, body, started)
+            return await _stream(request, body, started, extra)
         finally:
             fake.active -= 1
             fake.log.append((str(body.get("user", "")), started, loop.time()))
 
     async def _stream(
-        request: web.Request, body: dict[str, Any], started: float
+        request: web.Request,
+        body: dict[str, Any],
+        started: float,
+        extra: dict[str, str],
     ) -> web.StreamResponse:
         chat = request.path.endswith("/chat/completions")
         n = fake.tokens if fake.tokens is not None else int(body.get("max_tokens", 1))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", **extra}
+        )
         await resp.prepare(request)
         crlf = fake.crlf
         if chat and fake.role_chunk:
@@ -151,6 +176,33 @@ def make_fake_llm_app(fake: FakeLLM) -> web.Application:
     app.router.add_post("/v1/completions", complete)
     app.router.add_post("/v1/chat/completions", complete)
     return app
+
+
+@contextlib.contextmanager
+def serve_in_thread(fake: FakeLLM) -> Iterator[str]:
+    """``fake``'s server on 127.0.0.1 (a free port) on a loop of its own thread, for
+    tests that run the real CLI (which runs its own loop); yields its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(make_fake_llm_app(fake))
+
+    async def start() -> None:
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+
+    thread = threading.Thread(target=loop.run_forever, name="fake-llm", daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+        sock.close()
 
 
 class FakeClock:

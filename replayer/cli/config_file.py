@@ -42,6 +42,11 @@ _TOP = {
     "on_error": "on-error",
     "session_header": "session-header",
     "session_id_scope": "session-id-scope",
+    "session_routing": "session-routing",
+    "agent_native": "agent-native",
+    "output_scale": "output-scale",
+    "max_output_tokens": "max-output-tokens",
+    "fit_context": "fit-context",
     "max_error_rate": "max-error-rate",  # in older runs' config; now the CLI's alone
     "live_assistant": "live-assistant",
     "virtual": "virtual",
@@ -56,6 +61,7 @@ _ENDPOINT = {
     "total_timeout_s": "request-timeout",
     "vllm_extras": "!no-vllm-extras",
     "keepalive": "!no-keepalive",
+    "session_token_header": "session-token-header",
 }
 _PROMPT = {
     "block_tokens": "block-tokens",
@@ -87,6 +93,7 @@ _TOP_OTHERS = {
     "prompt",
     "labels",
     "start_ratio",
+    "max_model_len",  # the server's, read at the start
 }
 _ENDPOINT_OTHERS = {"include_usage", "api_key_set"}
 _PROMPT_OTHERS = {"api", "salt", "token_min", "token_max", "cache_bytes"}

@@ -179,6 +179,28 @@ def _options() -> list[Callable[[F], F]]:
             help="Cut prompts longer than this (from the end); counted per row.",
         ),
         click.option(
+            "--output-scale",
+            type=click.FloatRange(min=0, min_open=True),
+            default=1.0,
+            show_default=True,
+            help="Multiply every request's output length (max_tokens, and "
+            "min_tokens with it) by X.",
+        ),
+        click.option(
+            "--max-output-tokens",
+            type=count(1),
+            help="Cap every request's output length (after --output-scale).",
+        ),
+        click.option(
+            "--fit-context",
+            type=click.Choice(["off", "clamp"]),
+            default="off",
+            show_default=True,
+            help="Requests whose prompt + output pass the server's max_model_len: "
+            "sent as they are (off), or their output shortened to fit (clamp; "
+            "counted per row).",
+        ),
+        click.option(
             "--tokenizer",
             type=click.Path(exists=True, dir_okay=False),
             help="A local tokenizer.json: --api chat text becomes exact in that "
@@ -353,9 +375,25 @@ def _protocol_options() -> list[Callable[[F], F]]:
         ),
         click.option(
             "--session-routing",
-            type=click.Choice(["dynamo", "sglang", "header"]),
+            type=click.Choice(
+                ["dynamo", "sglang", "header", "dynamo-full", "agent-native"]
+            ),
             help="--session-header preset: dynamo x-dynamo-session-id, sglang "
-            "x-smg-routing-key, header x-session-id.",
+            "x-smg-routing-key, header x-session-id; or a set of headers: "
+            "dynamo-full (Dynamo's session, parent session and final), "
+            "agent-native (Claude Code's or Codex's own, see --agent-native).",
+        ),
+        click.option(
+            "--agent-native",
+            type=click.Choice(["claude", "codex"]),
+            help="--session-routing agent-native: whose headers (default: the "
+            "agent whose log the trace was imported from).",
+        ),
+        click.option(
+            "--session-token-header",
+            metavar="NAME",
+            help="Echo the value a response returns in this header on its "
+            "session's next request (llm-d's x-session-token); never recorded.",
         ),
         click.option(
             "--session-id-scope",
@@ -544,6 +582,7 @@ def build_config(opts: dict[str, Any], *, concurrency: int | None) -> ReplayConf
             total_timeout_s=opts["request_timeout"],
             vllm_extras=not opts["no_vllm_extras"],
             keepalive=not opts["no_keepalive"],
+            session_token_header=opts["session_token_header"],
         ),
         prompt=PromptConfig(
             api=opts["api"],
@@ -577,6 +616,13 @@ def build_config(opts: dict[str, Any], *, concurrency: int | None) -> ReplayConf
         on_error=opts["on_error"],
         session_header=_session_header(opts, ROUTING_HEADERS),
         session_id_scope=opts["session_id_scope"],
+        session_routing=opts["session_routing"]
+        if opts["session_routing"] not in ROUTING_HEADERS
+        else None,
+        agent_native=opts["agent_native"],
+        output_scale=opts["output_scale"],
+        max_output_tokens=opts["max_output_tokens"],
+        fit_context=opts["fit_context"],
         live_assistant=opts["live_assistant"],
         virtual=opts.get("virtual"),
     )
@@ -587,8 +633,12 @@ def _session_header(opts: dict[str, Any], presets: dict[str, str]) -> str | None
         raise click.UsageError(
             "--session-routing names the header: give it or --session-header"
         )
-    if opts["session_routing"]:
+    if opts["agent_native"] and opts["session_routing"] != "agent-native":
+        raise click.UsageError("--agent-native needs --session-routing agent-native")
+    if opts["session_routing"] in presets:
         return presets[opts["session_routing"]]
+    if opts["session_routing"]:
+        return None
     return str(opts["session_header"]) if opts["session_header"] else None
 
 
@@ -635,3 +685,10 @@ def _reject_idle_flags(opts: dict[str, Any]) -> None:
         and opts["arrival"] != "gamma"
     ):
         raise click.UsageError("--burstiness is the shape of --arrival gamma")
+    if ctx.get_parameter_source("session_id_scope") in _TYPED and opts[
+        "session_routing"
+    ] in ("dynamo-full", "agent-native"):
+        raise click.UsageError(
+            f"--session-routing {opts['session_routing']} names each session and "
+            "its tree itself: drop --session-id-scope"
+        )

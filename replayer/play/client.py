@@ -62,6 +62,8 @@ class Outcome:
     _connect_since_ns: int = 0  # ... and while it connects
     text: list[str] | None = None  # the reply's text, collected when not None
     last_byte_ns: int = 0  # the latest byte of the answer (0: none arrived)
+    # The response's --session-token-header value (None: none); never recorded.
+    session_token: str | None = None
 
     def end_phase(self, now_ns: int) -> None:
         """Close the open slot wait or connect at ``now_ns``: the connector's end
@@ -119,6 +121,7 @@ class Client:
         self._limit = max(1, limit)
         self._session: aiohttp.ClientSession | None = None
         self._url = endpoint.url()
+        self._token_header = endpoint.session_token_header
         self._headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream",
@@ -205,6 +208,13 @@ class Client:
     async def check(self) -> list[str] | None:
         """GET /v1/models: the served model ids, or None when the server has no such
         route (404). Raises EndpointError when the server is unreachable or refuses."""
+        models = await self.models()
+        return None if models is None else list(models)
+
+    async def models(self) -> dict[str, int | None] | None:
+        """GET /v1/models: each served model id with the ``max_model_len`` the
+        list gives it (vLLM's and the simulator's; None: not given), or None when
+        the server has no such route (404). Raises EndpointError as :meth:`check`."""
         url = self.endpoint.models_url()
         shown = public_url(url)  # credentials in the URL never reach a message
         try:
@@ -227,7 +237,13 @@ class Client:
                 f"{shown}: not an OpenAI-compatible model list (not JSON)"
             ) from exc
         data = obj.get("data") if isinstance(obj, dict) else None
-        return [str(m.get("id")) for m in data or () if isinstance(m, dict)]
+        out: dict[str, int | None] = {}
+        for m in data or ():
+            if isinstance(m, dict):
+                length = m.get("max_model_len")
+                usable = type(length) is int and length > 0
+                out[str(m.get("id"))] = length if usable else None
+        return out
 
     async def reset_cache(self) -> str | None:
         """POST the server's prefix-cache reset (vLLM's, then SGLang's route); the
@@ -300,6 +316,8 @@ class Client:
         ) as resp:
             out.http_status = resp.status
             out.last_byte_ns = self.clock.now_ns()
+            if self._token_header is not None:
+                out.session_token = resp.headers.get(self._token_header)
             if resp.status != 200:
                 text = await resp.text(errors="replace")
                 # One plain line: error pages are HTML more often than not.

@@ -38,6 +38,7 @@ class RunCounters:
     not_streamed: int = 0  # ok rows whose server ignored "stream": true
     short_output: int = 0  # ok rows with fewer output tokens than max_tokens
     output_tokens: int = 0  # received, ok rows
+    session_tokens_echoed: int = 0  # requests that echoed a --session-token-header
     recent_ttfts_ns: collections.deque[int] = field(
         default_factory=lambda: collections.deque(maxlen=_RECENT_TTFTS)
     )

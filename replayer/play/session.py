@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,7 +26,7 @@ from replayer.records import RequestRecord, Status, tpot_ns
 
 if TYPE_CHECKING:
     from replayer.clock import Clock
-    from replayer.config import EndpointConfig, ReplayConfig
+    from replayer.config import AgentNative, EndpointConfig, ReplayConfig
     from replayer.play.client import ChatClient, ServerWatch
     from replayer.play.phase import IdleSkip, StopControl
     from replayer.play.progress import RunCounters
@@ -106,6 +106,7 @@ class RunContext:
     admission: asyncio.Semaphore | None  # --max-inflight
     idle: IdleSkip | None = None  # --idle-skip: whole-system idle is skipped
     watch: ServerWatch | None = None  # stops the run when the server goes away
+    agent: AgentNative | None = None  # --session-routing agent-native: whose headers
 
     def rel(self, abs_ns: int) -> int:
         return abs_ns - self.t0_ns
@@ -136,6 +137,14 @@ def request_body(endpoint: EndpointConfig) -> Callable[[bytes, int], bytes]:
     return body
 
 
+@dataclass(slots=True)
+class _Token:
+    """The latest --session-token-header value a session's responses returned
+    (event-loop owned; never recorded)."""
+
+    value: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class _Place:
     """Where a session sits in its tree, and where its blocks' content comes from."""
@@ -145,14 +154,22 @@ class _Place:
     parent_id: str | None
     depth: int
     replay: int
+    token: _Token = field(default_factory=_Token)
 
     @property
     def namespace(self) -> str:
         return self.root.hash_namespace()
 
     def child(self, sub: Session) -> _Place:
+        """``sub``'s place; it starts with the token its parent holds at the spawn
+        (it shares the parent's prefix: the same replica serves it best)."""
         return _Place(
-            sub, self.root, self.session.session_id, self.depth + 1, self.replay
+            sub,
+            self.root,
+            self.session.session_id,
+            self.depth + 1,
+            self.replay,
+            _Token(self.token.value),
         )
 
 
@@ -347,7 +364,20 @@ def _base_record(
     sent, dropped = materializer.sent_tokens(session, req)
     # Primers and the cache-pressure warm-up only fill the cache: one output token.
     warming = primer or not ctx.stop.measuring(ctx.t0_ns + scheduled_rel)
-    max_tokens = 1 if warming and ctx.config.phased else max(1, req.output_tokens)
+    config = ctx.config
+    max_tokens = (
+        1 if warming and config.phased else config.output_tokens(req.output_tokens)
+    )
+    dropped_output = 0
+    limit = config.max_model_len
+    if (
+        config.fit_context == "clamp"
+        and limit is not None
+        and sent + max_tokens > limit
+    ):
+        room = max(1, limit - sent)  # a prompt past it alone still fails: its error
+        dropped_output = max(0, max_tokens - room)
+        max_tokens -= dropped_output
     hits = ctx.ideal_tokens.get(session.session_id)
     trace_ideal = int(hits[i]) if hits is not None and i < hits.size else 0
     bt = materializer.block_tokens_for(session)
@@ -365,6 +395,7 @@ def _base_record(
         dropped_input_tokens=dropped,
         trace_output_tokens=req.output_tokens,
         requested_output_tokens=max_tokens,
+        dropped_output_tokens=dropped_output,
         # Trace blocks → materialized blocks, capped at what is sent.
         ideal_cached_tokens=min(trace_ideal // session.block_size * bt, sent),
         status=status,
@@ -408,22 +439,25 @@ async def _request(
     counters.inflight += 1
     outcome = Outcome()
     # A reply is carried only from a full-length request (not a 1-token warm-up).
-    live = replies is not None and rec.requested_output_tokens == max(
-        1, session.requests[i].output_tokens
+    live = replies is not None and (
+        rec.requested_output_tokens + rec.dropped_output_tokens
+        == ctx.config.output_tokens(session.requests[i].output_tokens)
     )
     if live:
         outcome.text = []
-    header = ctx.config.session_header
+    headers = routing_headers(ctx, place, i)
+    token_header = ctx.config.endpoint.session_token_header
+    if token_header is not None and place.token.value is not None:
+        headers = {**(headers or {}), token_header: place.token.value}
+        counters.session_tokens_echoed += 1
     watch = ctx.watch
     if watch is not None:
         watch.sent(outcome)
     try:
-        if header is None:
+        if headers is None:
             await ctx.client.send(body, outcome)
         else:
-            await ctx.client.send(
-                body, outcome, headers={header: _identity(ctx, place)}
-            )
+            await ctx.client.send(body, outcome, headers=headers)
     except asyncio.CancelledError:
         # Keep what was measured: the real send time, the first token, the chunks.
         if outcome.start_ns == 0:  # cancelled before the client stamped a send
@@ -442,11 +476,50 @@ async def _request(
             if gone is not None:
                 url = public_url(ctx.config.endpoint.base_url)
                 ctx.stop.fail(f"the server at {url} stopped answering: {gone}")
+    if outcome.session_token is not None:
+        place.token.value = outcome.session_token
     _fill(ctx, rec, outcome)
     ctx.recorder.put(rec)
     if live and rec.status == "ok" and outcome.text is not None and replies is not None:
         replies[i] = ("".join(outcome.text), rec.output_tokens or 0)
     return rec
+
+
+def routing_headers(ctx: RunContext, place: _Place, i: int) -> dict[str, str] | None:
+    """The session-routing headers of request ``i`` of ``place`` (None: none).
+
+    ``--session-header`` (and its presets): the identity of :func:`_identity`.
+    ``dynamo-full``: ``X-Dynamo-Session-ID`` the (sub)session's own identity,
+    ``X-Dynamo-Parent-Session-ID`` its parent's (subagents only),
+    ``X-Dynamo-Session-Final: true`` on the session's last request.
+    ``agent-native`` Claude Code: ``x-claude-code-session-id`` the tree's,
+    ``x-claude-code-agent-id`` the (sub)session's own and
+    ``x-claude-code-parent-agent-id`` its parent's (subagents only); Codex:
+    ``session-id`` the tree's. An identity is ``<session id>#<replay>``."""
+    config = ctx.config
+    headers: dict[str, str] = {}
+    if config.session_header is not None:
+        headers[config.session_header] = _identity(ctx, place)
+    mode = config.session_routing
+    if mode is None:
+        return headers or None
+    own = f"{place.session.session_id}#{place.replay}"
+    tree = f"{place.root.session_id}#{place.replay}"
+    parent = None if place.parent_id is None else f"{place.parent_id}#{place.replay}"
+    if mode == "dynamo-full":
+        headers["X-Dynamo-Session-ID"] = own
+        if parent is not None:
+            headers["X-Dynamo-Parent-Session-ID"] = parent
+        if i == len(place.session.requests) - 1:
+            headers["X-Dynamo-Session-Final"] = "true"
+    elif ctx.agent == "codex":
+        headers["session-id"] = tree
+    else:
+        headers["x-claude-code-session-id"] = tree
+        headers["x-claude-code-agent-id"] = own
+        if parent is not None:
+            headers["x-claude-code-parent-agent-id"] = parent
+    return headers
 
 
 def _identity(ctx: RunContext, place: _Place) -> str:

@@ -344,6 +344,9 @@ class ProtocolOutcome:
     measure_start_ns: int = 0  # run-relative start of the measured window
     idle_skipped_s: float | None = None  # whole-system idle skipped (None: off)
     aborted: str | None = None  # why the run was aborted (--on-error abort-run)
+    # Requests that echoed a --session-token-header (None: no such header; not
+    # written then).
+    session_tokens_echoed: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -377,6 +380,8 @@ class ProtocolInfo:
             d["start_ratio"] = list(self.start_ratio)
         if self.outcome is not None:
             d.update(asdict(self.outcome))
+            if self.outcome.session_tokens_echoed is None:
+                del d["session_tokens_echoed"]
         return d
 
     @classmethod

@@ -39,6 +39,8 @@ class RequestRecord:
     server_prompt_tokens: int | None = None  # usage.prompt_tokens
     trace_output_tokens: int  # the trace's `out`
     requested_output_tokens: int  # max_tokens sent
+    # Output cut so prompt + output fit max_model_len (--fit-context clamp).
+    dropped_output_tokens: int = 0
     output_tokens: int | None = None  # received: usage.completion_tokens, else chunks
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     ideal_cached_tokens: int  # infinite-prefix-cache hit the trace allows (sent tokens)
@@ -87,6 +89,7 @@ RECORD_SCHEMA = pa.schema(
         ("server_prompt_tokens", pa.int64()),
         ("trace_output_tokens", pa.int64()),
         ("requested_output_tokens", pa.int64()),
+        ("dropped_output_tokens", pa.int64()),
         ("output_tokens", pa.int64()),
         ("cached_tokens", pa.int64()),
         ("ideal_cached_tokens", pa.int64()),

@@ -17,6 +17,7 @@ from typing import TextIO, TypeVar
 from replayer import __version__
 from replayer.clock import Clock, MonotonicClock, wall_clock_ns
 from replayer.config import (
+    AgentNative,
     Lanes,
     RateArrivals,
     ReplayConfig,
@@ -208,6 +209,7 @@ async def replay_trace(
     meta = _run_meta(meta, trace, config, hits / total_in if total_in else None)
     check_duplication(trace, config)
     check_prompt_memory(trace, config)
+    agent = native_agent(trace, config)
     meta = replace(meta, protocol=protocol_meta(trace, config))
     trace = shard(trace, worker_id, config.workers)
     trace_requests = trace.request_count()
@@ -275,6 +277,7 @@ async def replay_trace(
                 if config.idle_skip_s is None
                 else IdleSkip(clock, int(config.idle_skip_s * 1e9)),
                 watch=ServerWatch(silence_ns=int(config.endpoint.read_timeout_s * 1e9)),
+                agent=agent,
             )
             await clock.sleep_until(t0)  # workers share a zero slightly in the future
             scraper = (
@@ -357,9 +360,76 @@ def _phases(ctx: RunContext, meta: RunMeta) -> RunMeta:
         measure_start_ns=start,
         idle_skipped_s=None if ctx.idle is None else ctx.idle.skipped_ns / 1e9,
         aborted=stop.aborted,
+        session_tokens_echoed=None
+        if ctx.config.endpoint.session_token_header is None
+        else ctx.counters.session_tokens_echoed,
     )
     protocol = replace(meta.protocol or ProtocolInfo(), outcome=outcome)
     return replace(meta, measure_start_ns=start, protocol=protocol)
+
+
+# Imported agent logs (``imported_from`` / the trace's format) → agent-native headers.
+_AGENTS: dict[str, AgentNative] = {"claude-code": "claude", "codex": "codex"}
+
+
+def native_agent(trace: Trace, config: ReplayConfig) -> AgentNative | None:
+    """Whose headers ``--session-routing agent-native`` stamps: ``--agent-native``,
+    else the agent whose log the trace was imported from (its format, or its root
+    sessions' ``imported_from``). ConfigError when neither says."""
+    if config.session_routing != "agent-native":
+        return None
+    if config.agent_native is not None:
+        return config.agent_native
+    sources = {trace.source_format} | {
+        str(s.extra.get("imported_from")) for s in trace.sessions
+    }
+    found = sorted({_AGENTS[k] for k in sources if k in _AGENTS})
+    if len(found) != 1:
+        raise ConfigError(
+            f"--session-routing agent-native: the trace ({trace.source_format}) "
+            + ("mixes Claude Code and Codex logs" if found else "is not an agent's log")
+            + "; choose the headers with --agent-native claude|codex"
+        )
+    return found[0]
+
+
+def context_misfits(trace: Trace, config: ReplayConfig) -> int:
+    """Requests whose prompt (as sent) + output (after --output-scale and
+    --max-output-tokens) pass ``config.max_model_len`` (0 when it is unknown)."""
+    limit = config.max_model_len
+    if limit is None:
+        return 0
+    materializer = Materializer(config.prompt)
+    n = 0
+    for session, _ in trace.all_sessions():
+        for req in session.requests:
+            sent, _ = materializer.sent_tokens(session, req)
+            n += sent + config.output_tokens(req.output_tokens) > limit
+    return n
+
+
+def fit_warnings(trace: Trace, config: ReplayConfig) -> list[str]:
+    """What ``run`` says at the start about requests that cannot fit the server's
+    context (none: an empty list)."""
+    if config.fit_context == "clamp" and config.max_model_len is None:
+        return [
+            "--fit-context clamp: the server does not report its max_model_len "
+            "(in /v1/models), so no output is clamped"
+        ]
+    n = context_misfits(trace, config)
+    if not n:
+        return []
+    total = trace.request_count()
+    if config.fit_context == "clamp":
+        what = "--fit-context clamp shortens their output to fit (per row: "
+        what += "dropped_output_tokens)"
+    else:
+        what = "they are sent as they are (a 400 each, as a rule); "
+        what += "--fit-context clamp shortens their output to fit"
+    return [
+        f"{n:,} of {total:,} requests cannot fit the server's context "
+        f"(max_model_len {config.max_model_len:,}): prompt + output past it; {what}"
+    ]
 
 
 async def _check_model(client: ChatClient, config: ReplayConfig) -> None:

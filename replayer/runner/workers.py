@@ -524,6 +524,22 @@ def _merge(
             }
         ),
     )
+    echoed = [
+        m.protocol.outcome.session_tokens_echoed
+        for m in metas
+        if m.protocol is not None
+        and m.protocol.outcome is not None
+        and m.protocol.outcome.session_tokens_echoed is not None
+    ]
+    done = None if merged.protocol is None else merged.protocol.outcome
+    if echoed and merged.protocol is not None and done is not None:
+        merged = replace(
+            merged,
+            protocol=replace(
+                merged.protocol,
+                outcome=replace(done, session_tokens_echoed=sum(echoed)),
+            ),
+        )
     if run_dir.is_dir():
         write_run_json(run_dir / "run.json", merged)
     return merged
