@@ -279,6 +279,7 @@ def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, 
     model_len = pick(
         "max_model_len",
         flags.max_model_len,
+        ("the server's /v1/models", runs[0].meta.config.get("max_model_len")),
         ("simulator settings", sim("max_model_len")),
         ("the longest request of the runs", longest),
     )

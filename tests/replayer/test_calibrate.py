@@ -94,6 +94,9 @@ def test_calibrate_recovers_hidden_truth_and_predicts_other_levels(
         assert fitted["steps"][name] == pytest.approx(truth, rel=0.10), name
     assert fitted["cache"]["kv_capacity_tokens"] == 12288
     assert fitted["cache"]["block_size"] == 16
+    # The server's context length as its /v1/models listed it, recorded by the run.
+    assert fitted["cache"]["max_model_len"] == 4096
+    assert "max_model_len: the server's /v1/models" in doc["cache_sources"]
     assert fitted["fit"]["runs"] == [str(live_runs[c]) for c in TRAIN]
     assert [h["label"] for h in doc["holdout"]] == [f"concurrency {c}" for c in HOLDOUT]
     for held in doc["holdout"]:
