@@ -87,6 +87,7 @@ def synthetic_table(n: int, seed: int = 0) -> pa.Table:
         "server_prompt_tokens": null_i64,
         "trace_output_tokens": pa.array(out),
         "requested_output_tokens": pa.array(out),
+        "dropped_output_tokens": pa.array(np.zeros(n, np.int64)),
         "output_tokens": pa.array(out),
         "cached_tokens": pa.array((prompt * 0.8).astype(np.int64)),
         "ideal_cached_tokens": pa.array((prompt * 0.9).astype(np.int64)),
