@@ -1,9 +1,6 @@
-"""KV-cache truth side by side: what the server reported, what its Prometheus counters
-say, what the trace allows (ideal) and what an LRU cache of a given size would hit,
-per run, per session tree and per request; and which misses explain slow TTFT.
-
-Pure: the trace comes in as an argument (``analysis.load.load_trace_for`` reads it).
-"""
+"""KV-cache truth side by side: server-reported, Prometheus, ideal and LRU hits per run,
+session tree and request, and which misses explain slow TTFT. Pure (the trace comes in
+as an argument). See docs/metrics.md#kv-cache."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """The library entry: :func:`replay` takes a trace and a typed config and writes a run
-directory, picking the topology (one process, ``--workers`` or ``--ray``) and
-nothing else. See docs/architecture.md.
-
-    from replayer.launch import replay
-    config = ReplayConfig(endpoint=EndpointConfig(base_url=URL, model=MODEL))
-    summary = replay("trace.jsonl", config, "runs/x")
-"""
+directory, picking the topology (one process, ``--workers`` or ``--ray``) and nothing
+else. See docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -63,6 +58,10 @@ def replay(
         ReplayerError, TraceError: bad input, an unreachable endpoint, a worker that
             died; the message names what and where.
         KeyboardInterrupt: Ctrl-C or SIGTERM; the run directory is readable.
+
+    from replayer.launch import replay config =
+    ReplayConfig(endpoint=EndpointConfig(base_url=URL, model=MODEL)) summary =
+    replay("trace.jsonl", config, "runs/x")
     """
     from replayer.runner.workers import replay_with_workers
     from traces.io import read_trace
