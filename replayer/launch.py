@@ -59,9 +59,11 @@ def replay(
             died; the message names what and where.
         KeyboardInterrupt: Ctrl-C or SIGTERM; the run directory is readable.
 
-    from replayer.launch import replay config =
-    ReplayConfig(endpoint=EndpointConfig(base_url=URL, model=MODEL)) summary =
-    replay("trace.jsonl", config, "runs/x")
+    Example::
+
+        from replayer.launch import replay
+        config = ReplayConfig(endpoint=EndpointConfig(base_url=URL, model=MODEL))
+        summary = replay("trace.jsonl", config, "runs/x")
     """
     from replayer.runner.workers import replay_with_workers
     from traces.io import read_trace

@@ -1,5 +1,5 @@
 """Alibaba's Qwen-Bailian usage traces (``qwen_traceA_blksz_16.jsonl`` and siblings) →
-a Trace. See docs/traces.md#bring-your-own-agent-traffic."""
+a Trace. See docs/traces.md#formats."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """BurstGPT traces (github.com/HPMLL/BurstGPT: Azure OpenAI GPT traffic) → a Trace.
-See docs/traces.md#bring-your-own-agent-traffic."""
+See docs/traces.md#formats."""
 
 from __future__ import annotations
 
