@@ -1,7 +1,6 @@
-"""HTTP client: one aiohttp session, one streaming POST per request, every SSE event
-stamped with perf_counter_ns on arrival. Per-request failures are classified here
-(the one place with a broad except) and returned as data, never raised.
-"""
+"""HTTP client: one aiohttp session; one POST per request, retried once when the
+connection fails before a response; reads stamped by the run's Clock. HTTP, timeout
+and aiohttp errors become the Outcome's status, the rest propagate (docs/metrics.md)."""
 
 from __future__ import annotations
 
