@@ -19,7 +19,7 @@ from replayer.clock import Clock
 from replayer.config import EndpointConfig, public_url, redact_urls
 from replayer.errors import EndpointError
 from replayer.play.sse import EventFramer, usage_counts
-from replayer.records import Status
+from replayer.records import RequestStatus
 
 # error_type of an ok row whose server ignored "stream": true.
 NOT_STREAMED = "not_streamed"
@@ -46,7 +46,7 @@ class Outcome:
     server_prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
-    status: Status = "ok"
+    status: RequestStatus = "ok"
     http_status: int | None = None
     error_type: str | None = None
     error_message: str | None = None
@@ -79,7 +79,7 @@ class Outcome:
             self.pool_wait_ns += waited
             self._connect_since_ns = 0
 
-    def fail(self, status: Status, error_type: str, message: str) -> None:
+    def fail(self, status: RequestStatus, error_type: str, message: str) -> None:
         self.status = status
         self.error_type = error_type
         # Servers and aiohttp quote URLs in errors: their secrets stay out of rows.

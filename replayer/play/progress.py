@@ -18,8 +18,8 @@ import pyarrow.dataset as ds
 from replayer.clock import Clock
 from replayer.records import (
     ClientCheck,
+    RequestStatus,
     RunCounts,
-    Status,
     SteadyWindow,
     steady_window,
 )
@@ -53,7 +53,7 @@ class RunCounters:
     dispatch_lags_ns: array.array[int] = field(default_factory=lambda: array.array("q"))
     client_limit: str | None = None  # the self-check's latest reason, if any
 
-    def count(self, status: Status) -> None:
+    def count(self, status: RequestStatus) -> None:
         """One row recorded with ``status``."""
         self.by_status[status] = self.by_status.get(status, 0) + 1
 

@@ -16,7 +16,7 @@ import orjson
 
 from replayer.config import TraceTimestamps, public_url
 from replayer.play.client import NOT_STREAMED, Outcome
-from replayer.records import RequestRecord, Status, tpot_ns
+from replayer.records import RequestRecord, RequestStatus, tpot_ns
 
 if TYPE_CHECKING:
     from replayer.clock import Clock
@@ -356,7 +356,7 @@ def _base_record(
     place: _Place,
     i: int,
     scheduled_rel: int,
-    status: Status,
+    status: RequestStatus,
     *,
     primer: bool = False,
 ) -> RequestRecord:

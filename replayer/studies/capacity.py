@@ -37,7 +37,7 @@ from replayer.runner.local import run_async
 from replayer.studies.sweep import with_fresh_salt
 
 DEFAULT_CELL_S = 60.0
-Status = Literal["found", "ceiling", "budget", "interrupted", "running"]
+SearchStatus = Literal["found", "ceiling", "budget", "interrupted", "running"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,7 +159,7 @@ class _Search:
         return None if hi / lo <= 1 + s.rate_resolution else math.sqrt(lo * hi)
 
     @property
-    def status(self) -> Status:
+    def status(self) -> SearchStatus:
         if self.upper is None:
             return "ceiling" if self.next_level() is None else "running"
         return "found" if self.next_level() is None else "running"
@@ -242,7 +242,7 @@ def run_capacity(
     )
     stopped: str | None = None
 
-    def save(status: Status) -> CapacityDoc:
+    def save(status: SearchStatus) -> CapacityDoc:
         nonlocal doc
         doc = replace(
             doc,
@@ -457,7 +457,7 @@ def _result(
     search: CapacitySearch,
     bounds: _Search,
     cells: list[CapacityCell],
-    status: Status,
+    status: SearchStatus,
     stopped: str | None,
 ) -> CapacityResult:
     best = bounds.passed
