@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from replayer.clock import MonotonicClock
 from replayer.config import Lanes, ReplayConfig
 from replayer.errors import ConfigError
-from replayer.play.progress import PLAIN_INTERVAL_S, RunCounters, RunSummary
+from replayer.play.progress import PLAIN_INTERVAL_S, ReplayOutcome, RunCounters
 from replayer.records import RayActor, RayInfo, RayLost, RunMeta
 from replayer.records.rundir import read_run_json, write_run_json
 from replayer.runner.workers import (
@@ -184,7 +184,7 @@ def replay_with_ray(
     *,
     meta: RunMeta,
     progress: TextIO | None = None,
-) -> RunSummary:
+) -> ReplayOutcome:
     """Run the replay as Ray actors on the cluster at ``config.ray_address``.
 
     ``--ray ADDRESS``: the ``--workers`` design on a Ray cluster. Each worker is a Ray
@@ -242,7 +242,7 @@ def _drive(
     run_dir: Path,
     meta: RunMeta,
     progress: TextIO | None,
-) -> RunSummary:
+) -> ReplayOutcome:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]

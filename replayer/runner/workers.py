@@ -26,10 +26,10 @@ from replayer.errors import ConfigError, ReplayerError
 from replayer.lifeline import hold
 from replayer.play.progress import (
     PLAIN_INTERVAL_S,
+    ReplayOutcome,
     RunCounters,
-    RunSummary,
     StatusLine,
-    summarize_run,
+    replay_outcome,
 )
 from replayer.play.selfcheck import merge_checks
 from replayer.records import RunCounts, RunMeta
@@ -265,7 +265,7 @@ def replay_with_workers(
     progress: TextIO | None = None,
     stall_s: float = STALL_S,
     status_interval_s: float = PLAIN_INTERVAL_S,
-) -> RunSummary:
+) -> ReplayOutcome:
     """Run ``config.workers`` processes over shards of the trace; merge run.json.
     ``progress``: the status line's stream (a silent worker is named there, else
     on stderr).
@@ -355,7 +355,7 @@ def outcome(
     failure: str | None,
     interrupted: bool,
     lost: str = "",
-) -> RunSummary:
+) -> ReplayOutcome:
     """The end of a run of several workers: WorkerFailed (one line: ``failure``,
     ``lost``, where the rows are), KeyboardInterrupt, or the merged summary."""
     if failure is not None:
@@ -365,7 +365,7 @@ def outcome(
     if interrupted:
         raise KeyboardInterrupt
     assert merged.counts is not None
-    return summarize_run(
+    return replay_outcome(
         run_dir,
         run_id=merged.run_id,
         counts=merged.counts,
