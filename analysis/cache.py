@@ -1,9 +1,6 @@
-"""KV-cache truth side by side: what the server reported, what its Prometheus counters
-say, what the trace allows (ideal) and what an LRU cache of a given size would hit,
-per run, per session tree and per request; and which misses explain slow TTFT.
-
-Pure: the trace comes in as an argument (``analysis.load.load_trace_for`` reads it).
-"""
+"""KV-cache truth side by side: server-reported, Prometheus, ideal and LRU hits per run,
+session tree and request, and which misses explain slow TTFT. Pure (the trace comes in
+as an argument). See docs/metrics.md#kv-cache."""
 
 from __future__ import annotations
 
@@ -166,11 +163,12 @@ def miss_impact(requests: pd.DataFrame, *, tolerance_tokens: int) -> CacheMisses
 
     A miss: missed_tokens > ``tolerance_tokens`` (one server block: servers cache
     whole blocks of their own size, so a shortfall up to one is rounding).
-    Population: rows of :func:`request_cache` that report cached_tokens (all figures
-    null when none does). ``ttft_p90_ms_full_hit``/``_with_miss``: P90 TTFT of rows
+    Population: rows of :func:`request_cache` that report cached_tokens (when none
+    does, ``requests_reporting`` is 0, the counts None and the figures NaN).
+    ``missed_tokens``: the tokens missed by the rows with a miss; ``ttft_p90_ms``:
+    P90 TTFT of all of them; ``ttft_p90_ms_full_hit``/``_with_miss``: of the rows
     without/with a miss; ``slow_with_miss_fraction``: of rows with TTFT at or above
-    the P90, the share with a miss; ``slow_missed_tokens_fraction``: their share of
-    all missed tokens.
+    the P90, the share with a miss.
     """
     rep = requests[requests["cached_tokens"].notna()]
     if rep.empty:

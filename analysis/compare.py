@@ -1,8 +1,6 @@
-"""A/B comparison of two runs: deltas of headline figures with seeded bootstrap
-confidence intervals and a plain verdict per figure.
-
-Pure: two request DataFrames in, a dict out. Verdicts speak of run B against run A.
-"""
+"""A/B comparison of two runs: deltas of headline figures with seeded bootstrap CIs and
+a verdict per figure (run B against run A). Pure: two request DataFrames in, a dict out.
+See docs/metrics.md#analyze-compare-report."""
 
 from __future__ import annotations
 

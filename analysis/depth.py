@@ -1,10 +1,6 @@
-"""Figures by position in the session: by turn (the request's index within its
-session, in power-of-two buckets) and by subagent depth, as SGLang's HiCache plots
-show them. Long agent sessions hit the prefix cache more turn after turn, until
-eviction catches up; subagents start with a cold, shorter context.
-
-Pure: a numeric request frame (``metrics.numeric_view``) in, table rows out.
-"""
+"""Figures by position in the session: by turn (power-of-two buckets) and by subagent
+depth, as SGLang's HiCache plots show them. Pure: a numeric request frame in, table
+rows out. See docs/metrics.md#kv-cache."""
 
 from __future__ import annotations
 
@@ -152,7 +148,13 @@ def by_turn(
     mean prompt, and the prefix hit rates side by side (server: Σ cached / Σ server
     prompt over rows reporting cached_tokens; ideal: Σ ideal / Σ prompt; LRU with
     an estimate). Population: ok, measured rows. Hit rates by
-    :func:`metrics.hit_rate` (NaN, never 0, when unknown)."""
+    :func:`metrics.hit_rate` (NaN, never 0, when unknown).
+
+    Figures by position in the session: by turn (the request's index within its session,
+    in power-of-two buckets) and by subagent depth, as SGLang's HiCache plots show them.
+    Long agent sessions hit the prefix cache more turn after turn, until eviction
+    catches up; subagents start with a cold, shorter context.
+    """
     return by_turn_and_depth(df, lru)[0]
 
 

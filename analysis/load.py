@@ -1,8 +1,5 @@
-"""Reading run directories (``requests/part-*.parquet``, ``run.json``,
-``server_metrics.parquet``) and sweep folders into :class:`Run` values.
-
-The only module of ``analysis`` that does I/O. Owns no metric.
-"""
+"""Reading run directories and sweep folders into :class:`Run` values: the only module
+of ``analysis`` that does I/O. See docs/run-directory.md."""
 
 from __future__ import annotations
 

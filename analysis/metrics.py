@@ -1,11 +1,6 @@
-"""Metric functions on request-row DataFrames (as ``analysis.load`` returns them).
-
-Pure: a DataFrame (or Series) goes in, an array, float or dict comes out; no I/O, no
-printing. Each function's docstring gives its formula and its population (which rows
-count). Latencies come out in milliseconds (``_ms``), rates in tokens per second.
-Definitions follow vLLM/SGLang/AIPerf so that numbers compare. "Measured" rows are
-those not flagged ``warmup``.
-"""
+"""Pure metric functions on request-row DataFrames; each docstring gives its formula and
+population ("measured": not ``warmup``). Latencies in ms (``_ms``), rates in tokens/s,
+as vLLM/SGLang/AIPerf define them. See docs/metrics.md."""
 
 from __future__ import annotations
 

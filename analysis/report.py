@@ -1,8 +1,5 @@
-"""The self-contained HTML report: tables plus PNG plots embedded as base64.
-
-Plots use matplotlib's Agg backend (no display). Input: loaded runs and their
-summaries; output: one HTML string (the CLI writes the file).
-"""
+"""The self-contained HTML report: tables plus PNG plots (matplotlib's Agg backend)
+embedded as base64, one HTML string out. See docs/metrics.md#analyze-compare-report."""
 
 from __future__ import annotations
 

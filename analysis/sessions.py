@@ -1,9 +1,6 @@
-"""Session-tree roll-ups from request rows: wall time, critical-path TTFT and the
-time a parent agent waited on its subagents.
-
-Pure: rows in, one row per session tree out. Needs no trace: subagent joins are
-recognised from the rows' timing (see :func:`session_trees`).
-"""
+"""Session-tree roll-ups from request rows: wall time, critical-path TTFT and the time a
+parent waited on its subagents. Pure, and needs no trace (:func:`session_trees`).
+See docs/metrics.md."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
 """Steady-state figures and SLO verdicts: percentiles over a run's steady-state window
-with confidence intervals.
-
-The window is :func:`replayer.records.steady_window` (MSER-5; its docstring is the
-definition), computed from the rows, so a run recorded before the window existed gets
-one too. Within it, the population of each metric is the one ``analysis.metrics``
-gives it, restricted to requests *sent* inside the window.
-
-Confidence intervals of a percentile: the percentile bootstrap (seeded resamples of
-the requests, :data:`RESAMPLES` of them) up to :data:`EXACT_BOOTSTRAP_MAX` values;
-above that, the distribution-free order-statistic interval (ranks n·p ± z·√(n·p·(1-p))
-of the sorted values), which is what the bootstrap interval of a percentile converges
-to and costs one sort instead of thousands of resamples.
-
-Pure: a request DataFrame in, dicts out.
-"""
+with confidence intervals. Pure: a request DataFrame in, records out.
+See docs/capacity.md#definitions."""
 
 from __future__ import annotations
 
@@ -109,7 +96,14 @@ def percentile_ci(
 ) -> list[tuple[float, float, float]]:
     """(percentile, CI low, CI high) for each q in ``qs`` (module docstring: the
     bootstrap, or the order-statistic interval for large samples). NaNs dropped; no
-    values: NaNs."""
+    values: NaNs.
+
+    Confidence intervals of a percentile: the percentile bootstrap (seeded resamples of
+    the requests, :data:`RESAMPLES` of them) up to :data:`EXACT_BOOTSTRAP_MAX` values;
+    above that, the distribution-free order-statistic interval (ranks n·p ±
+    z·√(n·p·(1-p)) of the sorted values), which is what the bootstrap interval of a
+    percentile converges to and costs one sort instead of thousands of resamples.
+    """
     x = np.asarray(values, dtype=np.float64)
     x = x[~np.isnan(x)]
     n = x.size
@@ -173,7 +167,13 @@ def _figure(values: FloatArray, seed: int) -> SteadyFigure:
 def steady_state(df: pd.DataFrame, *, seed: int = 0) -> SteadyState | None:
     """The ``steady_state`` block of ``analyze --json``: the window, and over it
     each latency's p50/p90/p99 with their CIs, and the throughput (None: no request
-    ended)."""
+    ended).
+
+    The window is :func:`replayer.records.steady_window` (MSER-5; its docstring is the
+    definition), computed from the rows, so a run recorded before the window existed
+    gets one too. Within it, the population of each metric is the one
+    ``analysis.metrics`` gives it, restricted to requests *sent* inside the window.
+    """
     window = window_of(df)
     if window is None:
         return None

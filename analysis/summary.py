@@ -1,8 +1,6 @@
-"""``summarize(run) -> Summary``: the headline figures of one run, the
-``replayer analyze --json`` contract.
-
-Pure: the run (and, for the LRU estimate, its trace) come in as arguments.
-"""
+"""``summarize(run) -> Summary``: the headline figures of one run, the ``replayer
+analyze --json`` contract. Pure: the run (and, for the LRU estimate, its trace) come in
+as arguments. See docs/metrics.md."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The AgentX validity verdict of one run and its measured window: whether the run
-followed the protocol and passed its gates, and if not, why (short tags, as AIPerf's
-``submission_invalid_reasons``).
-
-Pure: the run's rows and ``run.json`` come in, a dict goes out.
-"""
+"""The AgentX validity verdict of one run and its measured window, and if it fails, why
+(short tags, as AIPerf's ``submission_invalid_reasons``). Pure.
+See docs/agentx.md#the-verdict-and-the-headline."""
 
 from __future__ import annotations
 

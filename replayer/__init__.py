@@ -1,9 +1,6 @@
-"""Agentic workload trace replayer: replays coding-agent sessions against an
-OpenAI-compatible endpoint and records every request to Parquet.
-
-Import-light on purpose: nothing here imports aiohttp, so ``analysis`` may import
-``replayer.records`` without pulling the HTTP stack in.
-"""
+"""Replays coding-agent sessions against an OpenAI-compatible endpoint, every request to
+Parquet. Import-light (no aiohttp here), so ``analysis`` may import ``replayer.records``
+without the HTTP stack; see docs/architecture.md."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The only module that reads time: one perf-counter clock for intervals, one
-wall-clock anchor per run."""
+"""The request path's time: the Clock every row stamp comes from (perf_counter_ns, or
+virtual time), the run's one wall-clock anchor, CPU-time readers. Supervisors, Ray's
+clock offsets and the sim read time themselves, off the request path."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """The library entry: :func:`replay` takes a trace and a typed config and writes a run
-directory, picking the topology (one process, ``--workers`` or ``--ray``) and
-nothing else. See docs/architecture.md.
-
-    from replayer.launch import replay
-    config = ReplayConfig(endpoint=EndpointConfig(base_url=URL, model=MODEL))
-    summary = replay("trace.jsonl", config, "runs/x")
-"""
+directory, picking the topology (one process, ``--workers`` or ``--ray``) and nothing
+else. See docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -26,7 +21,7 @@ from replayer.config import (
 )
 from replayer.errors import ConfigError, EndpointError
 from replayer.play.client import Client
-from replayer.play.progress import RunSummary
+from replayer.play.progress import ReplayOutcome
 from replayer.records import RunMeta, SimRecord, TraceInfo
 from replayer.records.rundir import (
     check_new_run_dir,
@@ -53,9 +48,9 @@ def replay(
     run_id: str | None = None,
     progress: TextIO | None = None,
     sim: SimRecord | None = None,
-) -> RunSummary:
+) -> ReplayOutcome:
     """Replay ``trace`` (a path, or a loaded Trace for one worker) per ``config``
-    into ``run_dir`` (default ``runs/<run id>``); return the run's summary.
+    into ``run_dir`` (default ``runs/<run id>``); return its :class:`ReplayOutcome`.
     ``sim``: the settings of the built-in simulator ``config``'s URL already points
     at (a study that started it once, from :func:`running_endpoint`).
 
@@ -63,6 +58,12 @@ def replay(
         ReplayerError, TraceError: bad input, an unreachable endpoint, a worker that
             died; the message names what and where.
         KeyboardInterrupt: Ctrl-C or SIGTERM; the run directory is readable.
+
+    Example::
+
+        from replayer.launch import replay
+        config = ReplayConfig(endpoint=EndpointConfig(base_url=URL, model=MODEL))
+        outcome = replay("trace.jsonl", config, "runs/x")
     """
     from replayer.runner.workers import replay_with_workers
     from traces.io import read_trace
@@ -144,7 +145,7 @@ def _say_fit(
     return replace(meta, warnings=[*meta.warnings, *said])
 
 
-def _record_steady_state(summary: RunSummary) -> None:
+def _record_steady_state(summary: ReplayOutcome) -> None:
     """The finished run's steady-state window into its run.json (every worker's
     rows: computed from the part files once the run is whole)."""
     path = summary.run_dir / "run.json"

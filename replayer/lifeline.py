@@ -1,7 +1,6 @@
-"""Child processes that die with their parent, kill -9 included: the kernel's
-parent-death signal (Linux ``prctl``), and a pipe whose write end only the parent
-holds, watched by a thread (any POSIX; also a parent that died before the signal
-was armed)."""
+"""Child processes that die with their parent, kill -9 included: Linux's parent-death
+signal, and a pipe only the parent holds, watched by a thread (any POSIX; also a parent
+that died before the signal was armed). See docs/scale-out.md#workers."""
 
 from __future__ import annotations
 

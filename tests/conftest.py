@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,13 +13,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# pytest (prepend import mode) puts tests/ first on sys.path, where tests/traces and
-# tests/replayer would be picked up as namespace packages ahead of the editable
-# install's finder (which comes after the path finder). The repository root on the
-# path makes `import traces` find the real package; test_layout checks that it does.
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
 # The real traces sit beside the repository (../shared/data), never inside it.
 SHARED_DATA = REPO / ".." / "shared" / "data"
 

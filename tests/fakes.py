@@ -22,7 +22,7 @@ from aiohttp import web
 
 from replayer.config import EndpointConfig, ReplayConfig
 from replayer.play.client import Outcome
-from replayer.play.progress import RunSummary
+from replayer.play.progress import ReplayOutcome
 from traces.materialize import PromptConfig
 from traces.model import Trace
 
@@ -315,7 +315,7 @@ class FakeRun:
     """A finished virtual-time replay: its rows (sorted by start), summary, client."""
 
     rows: pd.DataFrame
-    summary: RunSummary
+    summary: ReplayOutcome
     client: FakeChatClient
     run_dir: Path
 

@@ -1,20 +1,5 @@
-"""Alibaba's Qwen-Bailian usage traces (``qwen_traceA_blksz_16.jsonl`` and siblings,
-github.com/alibaba-edu/qwen-bailian-usagetraces-anon) → a Trace.
-
-Schema, as published: one request per JSONL line with ``chat_id`` (randomized
-integer), ``parent_chat_id`` (-1 for a conversation's first request), ``timestamp``
-(seconds from the start of the trace), ``input_length``, ``output_length``, ``type``
-(text, search, image or file), ``turn`` (the conversation turn) and ``hash_ids``
-(salted SipHash blocks of 16 tokens, remapped to integers, one id space for the file:
-hash ids are global, so prefixes shared across conversations stay visible).
-
-Sessions follow ``parent_chat_id``: a request continues its parent's session when it
-is the latest request there; a second child of one parent (a regenerated answer)
-starts a session of its own, as does a request whose parent is not in the file. The
-trace holds arrivals only, so a request's think time is the gap since the previous
-request of its session arrived (it includes that request's own response time).
-Every problem is reported with file, line and field; nothing is half-loaded.
-"""
+"""Alibaba's Qwen-Bailian usage traces (``qwen_traceA_blksz_16.jsonl`` and siblings) →
+a Trace. See docs/traces.md#formats."""
 
 from __future__ import annotations
 
@@ -194,7 +179,25 @@ def _sessions(rows: list[_Row]) -> list[Session]:
 
 def read_bailian(path: Path | str) -> Trace:
     """Load a Bailian trace file (JSONL, gzip allowed); raise TraceFormatError listing
-    every problem (file, line, field)."""
+    every problem (file, line, field).
+
+    Alibaba's Qwen-Bailian usage traces (``qwen_traceA_blksz_16.jsonl`` and siblings,
+    github.com/alibaba-edu/qwen-bailian-usagetraces-anon) → a Trace.
+
+    Schema, as published: one request per JSONL line with ``chat_id`` (randomized
+    integer), ``parent_chat_id`` (-1 for a conversation's first request), ``timestamp``
+    (seconds from the start of the trace), ``input_length``, ``output_length``, ``type``
+    (text, search, image or file), ``turn`` (the conversation turn) and ``hash_ids``
+    (salted SipHash blocks of 16 tokens, remapped to integers, one id space for the
+    file: hash ids are global, so prefixes shared across conversations stay visible).
+
+    Sessions follow ``parent_chat_id``: a request continues its parent's session when it
+    is the latest request there; a second child of one parent (a regenerated answer)
+    starts a session of its own, as does a request whose parent is not in the file. The
+    trace holds arrivals only, so a request's think time is the gap since the previous
+    request of its session arrived (it includes that request's own response time). Every
+    problem is reported with file, line and field; nothing is half-loaded.
+    """
     path = Path(path)
     data = read_file_bytes(path)
     problems: list[Problem] = []

@@ -1,22 +1,5 @@
 """BurstGPT traces (github.com/HPMLL/BurstGPT: Azure OpenAI GPT traffic) → a Trace.
-
-Schema, as published: CSV with a header. Release v1.1 has ``Timestamp, Model, Request
-tokens, Response tokens, Total tokens, Log Type``; release v2.0 adds ``Session ID`` and
-``Elapsed time`` after ``Timestamp``. Columns are found by name, so both read.
-``Timestamp`` is seconds (not zero-based: the trace's first request becomes 0);
-``Request tokens`` / ``Response tokens`` are input / output lengths (``Total tokens`` is
-their sum); ``Elapsed time`` is the request's response time in seconds; ``Model`` is
-``ChatGPT`` or ``GPT-4``; ``Log Type`` is ``Conversation log`` or ``API log`` (kept as
-``log_type``). Rows with 0 response tokens are the release's failed requests; they
-are kept as they are.
-
-Sessions: rows sharing a ``Session ID`` form one session in time order; without that
-column (or with an empty value) each row is a session of its own. A request's think
-time is the gap from the end of the previous request of its session (its arrival plus
-``Elapsed time``) to its own arrival. BurstGPT publishes no prefix structure: block ids
-follow the importers' ``context-growth`` rule (``traces.importers.prefix``), each
-request of a session extending the previous one, with ``block_size``-token blocks.
-"""
+See docs/traces.md#formats."""
 
 from __future__ import annotations
 
@@ -182,7 +165,26 @@ def _session(sid: str, rows: list[_Row], t0: float, block_size: int) -> Session:
 
 def read_burstgpt(path: Path | str, *, block_size: int = DEFAULT_BLOCK_SIZE) -> Trace:
     """Load a BurstGPT CSV (gzip allowed); raise TraceFormatError listing every
-    problem (file, line, field)."""
+    problem (file, line, field).
+
+    Schema, as published: CSV with a header. Release v1.1 has ``Timestamp, Model,
+    Request tokens, Response tokens, Total tokens, Log Type``; release v2.0 adds
+    ``Session ID`` and ``Elapsed time`` after ``Timestamp``. Columns are found by name,
+    so both read. ``Timestamp`` is seconds (not zero-based: the trace's first request
+    becomes 0); ``Request tokens`` / ``Response tokens`` are input / output lengths
+    (``Total tokens`` is their sum); ``Elapsed time`` is the request's response time in
+    seconds; ``Model`` is ``ChatGPT`` or ``GPT-4``; ``Log Type`` is ``Conversation log``
+    or ``API log`` (kept as ``log_type``). Rows with 0 response tokens are the release's
+    failed requests; they are kept as they are.
+
+    Sessions: rows sharing a ``Session ID`` form one session in time order; without that
+    column (or with an empty value) each row is a session of its own. A request's think
+    time is the gap from the end of the previous request of its session (its arrival
+    plus ``Elapsed time``) to its own arrival. BurstGPT publishes no prefix structure:
+    block ids follow the importers' ``context-growth`` rule
+    (``traces.importers.prefix``), each request of a session extending the previous one,
+    with ``block_size``-token blocks.
+    """
     path = Path(path)
     if block_size < 1:
         raise TraceError(f"block size must be >= 1 (got {block_size})")

@@ -1,9 +1,6 @@
-"""The LRU block-cache model: prefix-cache hits a finite cache would get for requests
-replayed in a given order (a GPU tier with LRU eviction and an optional host tier).
-
-Pure bookkeeping over hash ids; no time, no I/O. The ideal (infinite) cache is in
-``traces.stats``; the simulator's cache with pinning is ``replayer.sim.cache``.
-"""
+"""The LRU block-cache model: the prefix-cache hits a finite cache (a GPU tier, an
+optional host tier) gets for requests in a given order. Pure; the ideal cache is in
+``traces.stats``, the simulator's ``replayer.sim.cache``. See docs/capacity.md."""
 
 from __future__ import annotations
 

@@ -1,54 +1,6 @@
 """Prefix-cache hit rate against KV budget: LRU, Belady and the infinite ceiling, for
 requests in one order (a replay's send order: ``traces.sendorder``).
-
-The cache model is ``traces.cache.lru_hits``'s, at request granularity: a request
-looks up its blocks, hits the leading run of cached ones (prefix caching cannot use a
-block after a miss), in tokens capped at its input length; then all its blocks become
-most recently used, its first block last, so eviction trims a prefix from its tail. A
-block is (namespace, hash id); a budget of C blocks holds C blocks between requests.
-
-**LRU, every budget in one pass.** An LRU cache of C blocks holds exactly the C most
-recently used blocks, so block j of a request is cached iff its recency rank d_j
-(1 = most recent, unseen = infinite) is <= C, and the request hits
-#{j : max(d_1..d_j) <= C} blocks. One sweep collects every request's prefix maxima
-as a histogram; the hit at any budget is then a sum over it. The sweep works on runs
-of consecutive hash ids (traces number a prompt's blocks in order, so a request is a
-few runs, not 10^5 blocks): a run touched by one request is one *segment*; within a
-segment, ranks grow by one per block, so a run costs one rank query (a Fenwick tree
-of blocks held per segment, in time order). Exact: it equals ``lru_hits`` at every
-budget (the tests check this).
-
-**Belady.** Belady's MIN at the same granularity, with bypass: after each request the
-cache keeps the C blocks whose next use is soonest (ties: the one nearer the start of
-the request that uses it), dropping blocks that are never used again. Only blocks of
-the leading seen run of their next request are kept (others cannot hit under the prefix
-rule). With chained hash ids (equal id => equal prefix, as real traces have) it
-maximizes the number of block hits among all policies under this model (LRU's hits are
-such a schedule), so Belady >= LRU, except that hit tokens weigh a partial last block
-less; the kept blocks of a request always form a prefix of it, so the prefix rule costs
-Belady nothing. With ids that do not chain (arbitrary or repeated inside a request) it
-stays >= LRU (the tests draw such orders) but is a heuristic, not the exact optimum.
-Belady is simulated once per budget (a heap of reuse groups: blocks that move together
-from one request to their next). An id that a request repeats (``[1, 1]``; chained
-prefix hashes never do) is one block: held once, and its later positions hit whenever
-the leading run reaches them, as ``lru_hits`` counts them.
-
-**Ceiling.** The infinite budget: ``traces.stats.ideal_hit_tokens``, the ideal hit
-``trace stats`` reports. With chained hash ids (equal id ⇒ equal prefix) a request's
-misses are exactly the first sightings of its blocks, so the unbounded LRU equals it in
-any order.
-
-**The limit: requests in flight.** The model holds C blocks *between* requests and
-touches a request's blocks at its send. A server pins a running request's whole prompt
-(and reserves its output) and admits waiting requests FIFO when there is room; when
-the requests in flight hold about as much as the KV cache, it queues them and their
-prefixes are evicted while they wait, so it hits far less than this LRU (the built-in
-sim and vLLM both). The curve describes a server whose KV holds the requests in flight
-with room to spare; :attr:`CacheCurve.inflight_tokens` estimates what they hold (the
-90th percentile, over requests, of the prompt + output tokens of the requests in flight
-at its send in this order, itself included). ``replayer run --max-inflight`` keeps it
-small while many session trees stay live.
-"""
+See docs/capacity.md#the-knee-from-the-trace."""
 
 from __future__ import annotations
 
@@ -606,7 +558,47 @@ def cache_curve(
     """LRU, Belady and the ceiling at each budget (tokens of ``block_tokens`` per
     block: the server's tokens per trace block, default the trace's block size), the
     LRU knee, and the curve at the server's KV size when given. Budgets round down to
-    whole blocks; the default is :func:`default_budgets`."""
+    whole blocks; the default is :func:`default_budgets`.
+
+    The cache model is ``traces.cache.lru_hits``'s, at request granularity: a request
+    looks up its blocks, hits the leading run of cached ones (prefix caching cannot use
+    a block after a miss), in tokens capped at its input length; then all its blocks
+    become most recently used, its first block last, so eviction trims a prefix from its
+    tail. A block is (namespace, hash id); a budget of C blocks holds C blocks between
+    requests.
+
+    **LRU, every budget in one pass.** An LRU cache of C blocks holds exactly the C most
+    recently used blocks, so block j of a request is cached iff its recency rank d_j (1
+    = most recent, unseen = infinite) is <= C, and the request hits #{j : max(d_1..d_j)
+    <= C} blocks. One sweep collects every request's prefix maxima as a histogram; the
+    hit at any budget is then a sum over it. The sweep works on runs of consecutive hash
+    ids (traces number a prompt's blocks in order, so a request is a few runs, not 10^5
+    blocks): a run touched by one request is one *segment*; within a segment, ranks grow
+    by one per block, so a run costs one rank query (a Fenwick tree of blocks held per
+    segment, in time order). Exact: it equals ``lru_hits`` at every budget (the tests
+    check this).
+
+    **Belady.** Belady's MIN at the same granularity, with bypass: after each request
+    the cache keeps the C blocks whose next use is soonest (ties: the one nearer the
+    start of the request that uses it), dropping blocks that are never used again. Only
+    blocks of the leading seen run of their next request are kept (others cannot hit
+    under the prefix rule). With chained hash ids (equal id => equal prefix, as real
+    traces have) it maximizes the number of block hits among all policies under this
+    model (LRU's hits are such a schedule), so Belady >= LRU, except that hit tokens
+    weigh a partial last block less; the kept blocks of a request always form a prefix
+    of it, so the prefix rule costs Belady nothing. With ids that do not chain
+    (arbitrary or repeated inside a request) it stays >= LRU (the tests draw such
+    orders) but is a heuristic, not the exact optimum. Belady is simulated once per
+    budget (a heap of reuse groups: blocks that move together from one request to their
+    next). An id that a request repeats (``[1, 1]``; chained prefix hashes never do) is
+    one block: held once, and its later positions hit whenever the leading run reaches
+    them, as ``lru_hits`` counts them.
+
+    **Ceiling.** The infinite budget: ``traces.stats.ideal_hit_tokens``, the ideal hit
+    ``trace stats`` reports. With chained hash ids (equal id ⇒ equal prefix) a request's
+    misses are exactly the first sightings of its blocks, so the unbounded LRU equals it
+    in any order.
+    """
     order, model = _ordered_model(
         trace, concurrency, think_scale, think_cap_s, max_inflight
     )

@@ -1,9 +1,6 @@
-"""Named, serializable distributions for the synthetic generator, drawn with numpy.
-
-Owns sampling (plain and stratified), the JSON form of a distribution and the
-two-sample Kolmogorov-Smirnov distance. No scipy: the normal quantile is Acklam's
-rational approximation (relative error < 1.2e-9).
-"""
+"""Named, serializable distributions for the synthetic generator: sampling, the JSON
+form and the two-sample KS distance. No scipy: the normal quantile is Acklam's rational
+approximation (relative error < 1.2e-9). See docs/traces.md#synthetic-traces."""
 
 from __future__ import annotations
 

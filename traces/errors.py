@@ -1,9 +1,5 @@
-"""Errors raised while reading, validating or writing traces.
-
-* TraceError
-  x TraceFormatError   one or more problems in a trace file; each names file, line or
-                       session, request index and field
-"""
+"""Errors raised while reading, validating or writing traces, rooted at
+:class:`TraceError`. See docs/traces.md#inspecting-a-trace."""
 
 from __future__ import annotations
 
@@ -12,7 +8,12 @@ from pathlib import Path
 
 
 class TraceError(Exception):
-    """Root of trace errors; the command line prints it as one line."""
+    """Root of trace errors; the command line prints it as one line.
+
+    * TraceError
+      x TraceFormatError   one or more problems in a trace file; each names file,
+                           line or session, request index and field
+    """
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,9 +1,6 @@
-"""Calibration: fit a :class:`GeneratorConfig` to a real trace (Weka or native).
-
-Every size and gap is fitted as an empirical quantile table, so a generated corpus
-reproduces the sample's input, output and think-time distributions (its two-sample
-Kolmogorov-Smirnov distance is what ``bench/bench_generate.py`` reports). Owns no I/O.
-"""
+"""Calibration: fit a :class:`GeneratorConfig` to a real trace, each size and gap as an
+empirical quantile table (its KS distance is what ``bench/bench_generate.py`` reports).
+Owns no I/O. See docs/traces.md#synthetic-traces."""
 
 from __future__ import annotations
 

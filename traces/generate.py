@@ -1,36 +1,6 @@
-"""The seeded synthetic generator of agentic session trees, and its presets.
-
-Owns :class:`GeneratorConfig` (every distribution the generator draws from, by name),
-``PRESETS`` and :func:`generate_trace`. Fitting a config to a real trace lives in
-``traces.fit``; writing files in ``traces.io``.
-
-How a session tree is built (all per-request work is vectorized with numpy):
-
-* Size: the tree's request count (subagents included) is drawn from
-  ``requests_per_session``; a ``subagent_session_fraction`` of the trees (exactly, by
-  rounding) get ``subagent_groups_per_session`` groups of ``agents_per_group``
-  subagents that run in parallel, each ``subagent_turns`` long. The parent keeps the
-  rest of the tree's requests.
-* Context: a thread (the parent or one subagent) starts with its system/tools prefix
-  plus a first message; each turn adds a tool result plus the previous output. When the
-  context passes the thread's compaction threshold it is reset to a compacted context
-  (the prefix plus a summary) and grows again. These latent lengths fix the *shape* of
-  each session; the request-weighted marginal is then matched to ``input_tokens`` by a
-  rank-preserving map (request i gets the quantile of its rank), so long corpora and
-  tiny ones hit the target percentiles alike, and within a context segment input
-  lengths never shrink. ``input_tokens=None`` keeps the latent lengths as they are.
-* Hash ids: a segment's blocks are [prefix ids, new ids...]; every request of the
-  segment is a prefix of that buffer, so the next request's ids start with all full
-  blocks of the previous one (Weka: ``len(hash_ids) == in // block_size``). The trace
-  is one ``RequestTable`` whose block buffer holds each segment once (~6M blocks for
-  the 347M-block agentx corpus); sessions hold rows of it. Prefix ids
-  are shared by all trees with ``hash_id_scope="global"`` (``global_prefix``); with
-  ``"local"`` every tree numbers its blocks from 1, as the Weka corpus does.
-* Time: ``t`` of the next request = ``t`` + ``api_time`` of the previous one +
-  ``think_time`` of the next (ms resolution). A subagent spawns when its anchor request
-  ends; the join request's ``think_time`` also covers the wait for its group, as in
-  the Weka corpus. Arrivals (``start_t``) are written only with ``session_rate_per_s``.
-"""
+"""The seeded synthetic generator of agentic session trees: :class:`GeneratorConfig`,
+``PRESETS`` and :func:`generate_trace`. Fitting lives in ``traces.fit``, files in
+``traces.io``. See docs/traces.md#synthetic-traces."""
 
 from __future__ import annotations
 
@@ -714,6 +684,35 @@ def generate_trace(config: GeneratorConfig, *, sessions: int, seed: int) -> Trac
     """A synthetic trace of ``sessions`` session trees drawn from ``config``.
 
     The same config, session count and seed always give the same trace.
+
+    How a session tree is built (all per-request work is vectorized with numpy):
+
+    * Size: the tree's request count (subagents included) is drawn from
+      ``requests_per_session``; a ``subagent_session_fraction`` of the trees (exactly,
+      by rounding) get ``subagent_groups_per_session`` groups of ``agents_per_group``
+      subagents that run in parallel, each ``subagent_turns`` long. The parent keeps the
+      rest of the tree's requests.
+    * Context: a thread (the parent or one subagent) starts with its system/tools prefix
+      plus a first message; each turn adds a tool result plus the previous output. When
+      the context passes the thread's compaction threshold it is reset to a compacted
+      context (the prefix plus a summary) and grows again. These latent lengths fix the
+      *shape* of each session; the request-weighted marginal is then matched to
+      ``input_tokens`` by a rank-preserving map (request i gets the quantile of its
+      rank), so long corpora and tiny ones hit the target percentiles alike, and within
+      a context segment input lengths never shrink. ``input_tokens=None`` keeps the
+      latent lengths as they are.
+    * Hash ids: a segment's blocks are [prefix ids, new ids...]; every request of the
+      segment is a prefix of that buffer, so the next request's ids start with all full
+      blocks of the previous one (Weka: ``len(hash_ids) == in // block_size``). The
+      trace is one ``RequestTable`` whose block buffer holds each segment once (~6M
+      blocks for the 347M-block agentx corpus); sessions hold rows of it. Prefix ids are
+      shared by all trees with ``hash_id_scope="global"`` (``global_prefix``); with
+      ``"local"`` every tree numbers its blocks from 1, as the Weka corpus does.
+    * Time: ``t`` of the next request = ``t`` + ``api_time`` of the previous one +
+      ``think_time`` of the next (ms resolution). A subagent spawns when its anchor
+      request ends; the join request's ``think_time`` also covers the wait for its
+      group, as in the Weka corpus. Arrivals (``start_t``) are written only with
+      ``session_rate_per_s``.
     """
     if sessions < 1:
         raise ValueError(f"sessions must be >= 1 (got {sessions})")

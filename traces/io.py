@@ -1,11 +1,6 @@
-"""Reading and writing trace files; the format is detected from the content.
-
-Readers: Weka/AgentX (one session per ``.json``, a folder of them, a ``traces.jsonl``
-with one session per line, gzip allowed), Mooncake JSONL, Alibaba's Bailian JSONL,
-BurstGPT CSV, native JSONL (Weka-compatible) and the Parquet trace store.
-``read_trace`` loads all or nothing: every problem is collected and raised together,
-so nothing half-loaded is ever replayed.
-"""
+"""Reading and writing trace files, the format detected from the content. ``read_trace``
+loads all or nothing: every problem is collected and raised together, so nothing
+half-loaded is replayed. See docs/traces.md#formats."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Prompt materialization: trace requests → request body bytes.
-
-A block is ``block_tokens`` token ids derived deterministically from (salt, namespace,
-hash id), so equal hash ids give byte-identical content and the server's prefix cache
-sees exactly the sharing the trace describes; the salt keeps separate runs (and separate
-replays of one session) apart unless asked otherwise. Each block's JSON fragment is
-encoded once and cached; a body is a join of cached bytes.
-"""
+"""Prompt materialization: trace requests → request body bytes, equal hash ids giving
+byte-identical blocks. See docs/replaying.md#prompts-and-the-servers-cache."""
 
 from __future__ import annotations
 
@@ -110,7 +104,14 @@ _ENTRY_BYTES = 200
 
 
 class Materializer:
-    """Builds prompt fragments for trace requests; one per run (it caches blocks)."""
+    """Builds prompt fragments for trace requests; one per run (it caches blocks).
+
+    A block is ``block_tokens`` token ids derived deterministically from (salt,
+    namespace, hash id), so equal hash ids give byte-identical content and the server's
+    prefix cache sees exactly the sharing the trace describes; the salt keeps separate
+    runs (and separate replays of one session) apart unless asked otherwise. Each
+    block's JSON fragment is encoded once and cached; a body is a join of cached bytes.
+    """
 
     def __init__(self, config: PromptConfig) -> None:
         self.config = config

@@ -1,12 +1,6 @@
 """The in-memory trace model: sessions of requests, subagent sessions with their spawn
-and join points, hash ids as numpy arrays.
-
-Owns no I/O (see ``traces.io``). Hash ids are never expanded into tokens here: a
-710-session corpus is ~94M blocks. A session's ``requests`` is any sequence of
-:class:`Request`; sessions read or generated in bulk hold ``traces.table.RequestRows``
-(columns, with each prompt a view into a block buffer that stores a session's growing
-prompt once), and a ``Request`` is then built only when one is indexed.
-"""
+and join points, hash ids as numpy arrays. Owns no I/O (``traces.io``).
+See docs/traces.md."""
 
 from __future__ import annotations
 
@@ -106,7 +100,15 @@ class Subagent:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Session:
-    """A sequence of requests (turns) plus the subagents it spawns."""
+    """A sequence of requests (turns) plus the subagents it spawns.
+
+    Owns no I/O (see ``traces.io``). Hash ids are never expanded into tokens here: a
+    710-session corpus is ~94M blocks. A session's ``requests`` is any sequence of
+    :class:`Request`; sessions read or generated in bulk hold
+    ``traces.table.RequestRows`` (columns, with each prompt a view into a block buffer
+    that stores a session's growing prompt once), and a ``Request`` is then built only
+    when one is indexed.
+    """
 
     session_id: str
     # A tuple of requests, or RequestRows (traces.table) for bulk-built sessions;

@@ -1,11 +1,5 @@
 """The Mooncake trace format: one request per JSON line, no sessions.
-
-Fields: ``timestamp`` (ms from trace start), ``input_length``, ``output_length``,
-``hash_ids`` (512-token blocks, the partial tail hashed too, one id space for the whole
-file). Each line becomes a one-request session arriving at its timestamp; lines that
-carry a ``session_id`` (or ``chat_id``) are grouped into one session per id instead.
-The sessions of a file hold rows of one request table.
-"""
+See docs/traces.md#formats."""
 
 from __future__ import annotations
 
@@ -38,7 +32,14 @@ def _problem(path: Path, line: int, fld: str | None, reason: str) -> Problem:
 def parse_mooncake_line(
     obj: object, *, path: Path, line: int
 ) -> tuple[tuple[str | None, float, Request] | None, list[Problem]]:
-    """One line → (group id or None, arrival seconds, request) and its problems."""
+    """One line → (group id or None, arrival seconds, request) and its problems.
+
+    Fields: ``timestamp`` (ms from trace start), ``input_length``, ``output_length``,
+    ``hash_ids`` (512-token blocks, the partial tail hashed too, one id space for the
+    whole file). Each line becomes a one-request session arriving at its timestamp;
+    lines that carry a ``session_id`` (or ``chat_id``) are grouped into one session per
+    id instead. The sessions of a file hold rows of one request table.
+    """
     problems: list[Problem] = []
     if not isinstance(obj, dict):
         return None, [_problem(path, line, None, "expected a JSON object")]

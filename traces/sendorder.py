@@ -1,31 +1,6 @@
-"""The order in which a closed-loop replay at concurrency N sends a trace's requests.
-
-A small discrete-event model of ``replayer run --concurrency N`` (the engine's lanes),
-built from the trace alone, so the cache model sees requests interleaved as a replay
-would send them, not in file order:
-
-- N lanes; a lane plays one session tree and takes the next tree (trace order) when
-  its whole tree has drained, subagents included. All lanes start at time 0.
-- In a session, request 0 is sent when the session starts; request i > 0 is sent
-  ``think_time_s * think_scale`` (capped at ``think_cap_s``) after request i - 1 ends.
-- A subagent starts when its anchor request ends (at the session start for anchor
-  -1); its first request waits its own scaled think time, as the engine does. The
-  parent request at the join waits until every subagent joined there has ended. A
-  background subagent (no join) runs beside the rest of its parent; the tree drains
-  when the last of its sessions ends.
-- A request takes its recorded ``api_time_s``; when the trace lacks it, its
-  ``ttft_s``, else the median recorded ``api_time_s`` of the trace (1 s if none).
-  This is the approximation: a replayed server answers in its own time, so the order
-  of requests from different lanes can differ; the order within a session tree (and
-  its subagents' concurrency with the parent) is the engine's.
-- With ``max_inflight`` (``replayer run --max-inflight``) at most that many requests
-  are in flight; a request that comes due while they are waits in one FIFO queue and
-  is sent when one ends (the engine's admission semaphore). A slot freed by an end
-  goes to the queue's head before the ended lane's next request comes due.
-
-Deterministic: equal send times keep the order in which the events were created.
-Pure: no I/O, no clock.
-"""
+"""The order in which a closed-loop replay at concurrency N sends a trace's requests: a
+small discrete-event model of the engine's lanes. Deterministic and pure (no I/O, no
+clock). See docs/capacity.md#the-knee-from-the-trace."""
 
 from __future__ import annotations
 
@@ -102,7 +77,32 @@ def send_order(
 ) -> list[SentRequest]:
     """Every request of ``trace`` in the order a replay at ``concurrency`` lanes sends
     it, at most ``max_inflight`` in flight (see the module docstring for the timing
-    model)."""
+    model).
+
+    A small discrete-event model of ``replayer run --concurrency N`` (the engine's
+    lanes), built from the trace alone, so the cache model sees requests interleaved as
+    a replay would send them, not in file order:
+
+    - N lanes; a lane plays one session tree and takes the next tree (trace order) when
+      its whole tree has drained, subagents included. All lanes start at time 0.
+    - In a session, request 0 is sent when the session starts; request i > 0 is sent
+      ``think_time_s * think_scale`` (capped at ``think_cap_s``) after request i - 1
+      ends.
+    - A subagent starts when its anchor request ends (at the session start for anchor
+      -1); its first request waits its own scaled think time, as the engine does. The
+      parent request at the join waits until every subagent joined there has ended. A
+      background subagent (no join) runs beside the rest of its parent; the tree drains
+      when the last of its sessions ends.
+    - A request takes its recorded ``api_time_s``; when the trace lacks it, its
+      ``ttft_s``, else the median recorded ``api_time_s`` of the trace (1 s if none).
+      This is the approximation: a replayed server answers in its own time, so the order
+      of requests from different lanes can differ; the order within a session tree (and
+      its subagents' concurrency with the parent) is the engine's.
+    - With ``max_inflight`` (``replayer run --max-inflight``) at most that many requests
+      are in flight; a request that comes due while they are waits in one FIFO queue and
+      is sent when one ends (the engine's admission semaphore). A slot freed by an end
+      goes to the queue's head before the ended lane's next request comes due.
+    """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1 (got {concurrency})")
     if max_inflight is not None and max_inflight < 1:

@@ -1,13 +1,5 @@
-"""Trace statistics and the ideal prefix-cache hit of every request.
-
-Ideal hit of a request: the longest leading run of its blocks already seen earlier in
-its namespace, in tokens, capped at its input length. The namespace is the session tree
-for ``hash_id_scope: "local"`` and the whole trace for ``"global"``; "earlier" follows
-the trace's own order (``Session.ordered_requests``), so the figure is a property of
-the trace, not of one run's timing. Both work on the request columns
-(``traces.table``), so the ideal-hit pass costs the blocks a trace stores (each prompt
-chain once), not the sum of its prompt lengths.
-"""
+"""Trace statistics, the ideal prefix-cache hit of every request, and the steady-state
+window's statistics. See docs/traces.md#inspecting-a-trace."""
 
 from __future__ import annotations
 
@@ -142,7 +134,16 @@ def ideal_hit_tokens(
     """Ideal (infinite prefix cache) hit in tokens of every request of ``trace``, as
     one array per session (index = request index), sessions in ``all_sessions``
     order. ``rows``: each session's rows by ``id(session)``, when the caller has
-    them."""
+    them.
+
+    Ideal hit of a request: the longest leading run of its blocks already seen earlier
+    in its namespace, in tokens, capped at its input length. The namespace is the
+    session tree for ``hash_id_scope: "local"`` and the whole trace for ``"global"``;
+    "earlier" follows the trace's own order (``Session.ordered_requests``), so the
+    figure is a property of the trace, not of one run's timing. Both work on the request
+    columns (``traces.table``), so the ideal-hit pass costs the blocks a trace stores
+    (each prompt chain once), not the sum of its prompt lengths.
+    """
     if rows is None:
         rows = _rows_by_session(trace)
     out = {

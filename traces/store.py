@@ -1,14 +1,6 @@
-"""The Parquet trace store: one row per request (the columns of
-``traces.table.RequestTable``), the trace's block buffer run-length encoded across the
-rows, and the session tree (ids, spawn/join points, per-session fields) as JSON in the
-file's key-value metadata. Lossless, and loads many times faster than JSON.
-
-Format 2 stores each prompt chain once: a row holds where its prompt lies in the block
-buffer (``ids_offset``, ``n_blocks``) and the runs of blocks it adds to the buffer
-(runs of consecutive ids, the common case: the 6M-block buffer behind a 347M-block
-AgentX corpus is ~3.4K runs). Reading builds no per-request objects: the sessions hold
-rows of one table. Format 1 (every row's whole prompt as runs) is still read.
-"""
+"""The Parquet trace store: one row per request, the block buffer run-length encoded,
+the session tree as JSON in the file's metadata. Lossless, and loads many times faster
+than JSON. See docs/traces.md#formats."""
 
 from __future__ import annotations
 
@@ -185,7 +177,20 @@ def _pack_blocks(
 
 
 def write_store(trace: Trace, out: Path) -> None:
-    """Write ``trace`` to a Parquet trace store at ``out``."""
+    """Write ``trace`` to a Parquet trace store at ``out``.
+
+    The Parquet trace store: one row per request (the columns of
+    ``traces.table.RequestTable``), the trace's block buffer run-length encoded across
+    the rows, and the session tree (ids, spawn/join points, per-session fields) as JSON
+    in the file's key-value metadata. Lossless, and loads many times faster than JSON.
+
+    Format 2 stores each prompt chain once: a row holds where its prompt lies in the
+    block buffer (``ids_offset``, ``n_blocks``) and the runs of blocks it adds to the
+    buffer (runs of consecutive ids, the common case: the 6M-block buffer behind a
+    347M-block AgentX corpus is ~3.4K runs). Reading builds no per-request objects: the
+    sessions hold rows of one table. Format 1 (every row's whole prompt as runs) is
+    still read.
+    """
     flat = _flatten(trace)
     parts = session_rows(s for s, _, _ in flat)
     counts = [b - a for _, a, b in parts]

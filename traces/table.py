@@ -1,12 +1,6 @@
-"""The columnar request table: many requests as numpy columns plus one buffer of hash-id
-blocks, each row's prompt a slice (``ids_offset``, ``n_blocks``) of it; and
-:class:`RequestRows`, the ``Sequence[Request]`` over a range of rows that sessions hold.
-
-Owns chain compaction (a request whose prompt extends the previous one of its session
-adds only its new blocks, so a session costs its unique blocks, not the sum of its
-prompt lengths) and :func:`session_rows`, the bridge from any ``Session.requests`` to
-rows. A ``Request`` object is built only when one is asked for. No I/O.
-"""
+"""The columnar request table (:class:`RequestTable`: numpy columns and one block
+buffer) and :class:`RequestRows`, the ``Sequence[Request]`` over its rows that sessions
+hold. No I/O. See docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -157,6 +151,17 @@ class RequestTable:
 
     A row's hash ids are ``blocks[ids_offset : ids_offset + n_blocks]``: rows share
     blocks, so the table costs the blocks it holds, not the sum of its prompts.
+
+    The columnar request table: many requests as numpy columns plus one buffer of
+    hash-id blocks, each row's prompt a slice (``ids_offset``, ``n_blocks``) of it; and
+    :class:`RequestRows`, the ``Sequence[Request]`` over a range of rows that sessions
+    hold.
+
+    Owns chain compaction (a request whose prompt extends the previous one of its
+    session adds only its new blocks, so a session costs its unique blocks, not the sum
+    of its prompt lengths) and :func:`session_rows`, the bridge from any
+    ``Session.requests`` to rows. A ``Request`` object is built only when one is asked
+    for. No I/O.
     """
 
     input_tokens: IntArray

@@ -1,11 +1,6 @@
-"""The one rule that turns token ids into text and text back into token ids.
-
-Shared by the prompt materializer (text mode) and the simulated endpoint, so a text
-prompt's token count, as the simulator counts it, is exactly what the replayer intended.
-A token is one whitespace-separated word; a word spells its token id in base-80
-syllables (consonant + vowel), so the mapping is a bijection on the words it writes.
-A chat prompt is, per message, one role token followed by the content's tokens.
-"""
+"""The one rule that turns token ids into text and back, shared by the prompt
+materializer (text mode) and the simulated endpoint, so both count a text prompt's
+tokens alike. See docs/engine-model.md."""
 
 from __future__ import annotations
 
@@ -63,7 +58,15 @@ def token_for_word(word: str) -> int:
 
 
 def text_for_tokens(token_ids: Iterable[int]) -> str:
-    """Words for ``token_ids`` joined by single spaces."""
+    """Words for ``token_ids`` joined by single spaces.
+
+    Shared by the prompt materializer (text mode) and the simulated endpoint, so a text
+    prompt's token count, as the simulator counts it, is exactly what the replayer
+    intended. A token is one whitespace-separated word; a word spells its token id in
+    base-80 syllables (consonant + vowel), so the mapping is a bijection on the words it
+    writes. A chat prompt is, per message, one role token followed by the content's
+    tokens.
+    """
     return " ".join(word_for_token(int(t)) for t in token_ids)
 
 

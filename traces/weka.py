@@ -1,12 +1,5 @@
 """The Weka / AgentX session format (also the native format): dict <-> Session.
-
-One JSON object per session. ``requests`` interleaves normal ("n") and streaming ("s")
-requests with "subagent" entries; a subagent entry has no parent link: its parent is the
-session it sits in, it spawns after the request before it and the request after it waits
-for it (none after it: it runs in the background). Parsing collects every problem it
-finds instead of stopping at the first. A parsed session's requests are rows of one
-table, each prompt that extends the previous one stored as its new blocks only.
-"""
+See docs/traces.md#formats."""
 
 from __future__ import annotations
 
@@ -344,6 +337,14 @@ def parse_session(
     """Build a Session from one Weka/native JSON object; returns it and its problems.
 
     The session is None only when the object is not a session at all.
+
+    One JSON object per session. ``requests`` interleaves normal ("n") and streaming
+    ("s") requests with "subagent" entries; a subagent entry has no parent link: its
+    parent is the session it sits in, it spawns after the request before it and the
+    request after it waits for it (none after it: it runs in the background). Parsing
+    collects every problem it finds instead of stopping at the first. A parsed session's
+    requests are rows of one table, each prompt that extends the previous one stored as
+    its new blocks only.
     """
     ctx = _Ctx(path=path, line=line, session_id=None)
     if not isinstance(obj, dict):

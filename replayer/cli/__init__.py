@@ -1,10 +1,6 @@
-"""The `replayer` command line: click commands only. Each parses its options, builds
-the typed config, calls one library function and prints the result.
-
-Heavy imports (pandas, pyarrow, aiohttp) happen inside the commands so `--help` is
-fast. Every expected error becomes a one-line message and exit status 2
-(``replayer.cli.errors``).
-"""
+"""The `replayer` command line: click commands that parse options, build the typed
+config and call one library function; heavy imports inside the commands, errors one line
+and exit 2 (``replayer.cli.errors``). See docs/cli.md."""
 
 from __future__ import annotations
 

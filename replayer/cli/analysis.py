@@ -1,8 +1,5 @@
-"""The `analyze`, `compare` and `report` commands (registered by ``replayer.cli``).
-
-Module level imports click only; pandas, matplotlib and ``analysis`` load inside the
-commands. Expected errors become one-line messages (click.ClickException).
-"""
+"""The `analyze`, `compare` and `report` commands. Module level imports click only:
+pandas, matplotlib and ``analysis`` load inside the commands. See docs/metrics.md."""
 
 from __future__ import annotations
 

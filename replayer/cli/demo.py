@@ -17,7 +17,7 @@ from replayer.cli.run import gate
 
 if TYPE_CHECKING:
     from replayer.config import ReplayConfig
-    from replayer.play.progress import RunSummary
+    from replayer.play.progress import ReplayOutcome
 
 # The simulator runs 20x faster than one modeled GPU so the demo takes seconds.
 _SIM_ARGS = (
@@ -32,7 +32,7 @@ _SIM_ARGS = (
 
 def run_demo(
     out: Path, *, sessions: int, config: ReplayConfig, quiet: bool
-) -> tuple[str, RunSummary]:
+) -> tuple[str, ReplayOutcome]:
     """Run the demo into ``out``; return the text to print and the run's summary."""
     from analysis import load_run, summarize
     from analysis.text import format_summaries

@@ -14,7 +14,7 @@ from replayer.cli.options import replay_config, replay_options
 from replayer.cli.params import LANES, MAX_LANES, int_list
 
 if TYPE_CHECKING:
-    from replayer.play.progress import RunSummary
+    from replayer.play.progress import ReplayOutcome
 
 
 class GateFailed(click.ClickException):
@@ -23,7 +23,7 @@ class GateFailed(click.ClickException):
     exit_code = 1
 
 
-def gate(summaries: list[RunSummary], max_error_rate: float | None) -> None:
+def gate(summaries: list[ReplayOutcome], max_error_rate: float | None) -> None:
     """Warnings about what a server ignored; exit status 1 when the error gate
     fails (default: a run without one ok request)."""
     for s in summaries:

@@ -1,8 +1,6 @@
-"""The AgentX protocol's bookkeeping around a replay: the checks made before it
-starts (the duplication factor) and the ``run.json`` ``protocol`` record of every
-resolved setting and of what the run did with them. The behaviour itself lives where
-it acts: mid-session starts and primers in ``session``, phases and idle skipping in
-``schedule``, the validity verdict in ``analysis.validity``."""
+"""The AgentX protocol's bookkeeping: the checks before a replay (the duplication
+factor) and run.json's ``protocol`` record. The behaviour lives where it acts
+(``session``, ``schedule``, ``analysis.validity``); see docs/agentx.md."""
 
 from __future__ import annotations
 

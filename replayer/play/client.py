@@ -1,7 +1,6 @@
-"""HTTP client: one aiohttp session, one streaming POST per request, every SSE event
-stamped with perf_counter_ns on arrival. Per-request failures are classified here
-(the one place with a broad except) and returned as data, never raised.
-"""
+"""HTTP client: one aiohttp session; one POST per request, retried once when the
+connection fails before a response; reads stamped by the run's Clock. HTTP, timeout
+and aiohttp errors become the Outcome's status, the rest propagate (docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from replayer.clock import Clock
 from replayer.config import EndpointConfig, public_url, redact_urls
 from replayer.errors import EndpointError
 from replayer.play.sse import EventFramer, usage_counts
-from replayer.records import Status
+from replayer.records import RequestStatus
 
 # error_type of an ok row whose server ignored "stream": true.
 NOT_STREAMED = "not_streamed"
@@ -47,7 +46,7 @@ class Outcome:
     server_prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
-    status: Status = "ok"
+    status: RequestStatus = "ok"
     http_status: int | None = None
     error_type: str | None = None
     error_message: str | None = None
@@ -80,7 +79,7 @@ class Outcome:
             self.pool_wait_ns += waited
             self._connect_since_ns = 0
 
-    def fail(self, status: Status, error_type: str, message: str) -> None:
+    def fail(self, status: RequestStatus, error_type: str, message: str) -> None:
         self.status = status
         self.error_type = error_type
         # Servers and aiohttp quote URLs in errors: their secrets stay out of rows.

@@ -1,5 +1,5 @@
 """What a run has done so far: the counters (one event loop, no locks), the live
-status line on stderr, and the summary a finished run returns."""
+status line on stderr, and the :class:`ReplayOutcome` a finished replay returns."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import pyarrow.dataset as ds
 from replayer.clock import Clock
 from replayer.records import (
     ClientCheck,
+    RequestStatus,
     RunCounts,
-    Status,
     SteadyWindow,
     steady_window,
 )
@@ -53,7 +53,7 @@ class RunCounters:
     dispatch_lags_ns: array.array[int] = field(default_factory=lambda: array.array("q"))
     client_limit: str | None = None  # the self-check's latest reason, if any
 
-    def count(self, status: Status) -> None:
+    def count(self, status: RequestStatus) -> None:
         """One row recorded with ``status``."""
         self.by_status[status] = self.by_status.get(status, 0) + 1
 
@@ -188,8 +188,10 @@ class StatusLine:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunSummary:
-    """What a finished (or interrupted) run did."""
+class ReplayOutcome:
+    """What a finished (or interrupted) replay did, as ``replay()`` returns it: counts
+    and a few headline figures read back from the part files. ``analysis``'s
+    ``Summary`` is the full analysis of a run directory."""
 
     run_dir: Path
     run_id: str
@@ -235,7 +237,7 @@ class RunSummary:
         )
 
 
-def summarize_run(
+def replay_outcome(
     run_dir: Path,
     *,
     run_id: str,
@@ -244,9 +246,10 @@ def summarize_run(
     interrupted: bool,
     warnings: tuple[str, ...] = (),
     client_check: ClientCheck | None = None,
-) -> RunSummary:
-    """The summary of a run directory, from its part files (every worker's): the
-    headline figures come from what was recorded, never from in-memory lists."""
+) -> ReplayOutcome:
+    """The outcome of a replay into ``run_dir``, from its part files (every
+    worker's): the headline figures come from what was recorded, never from
+    in-memory lists."""
     p90: float | None = None
     out_tokens = 0.0
     steady: SteadyWindow | None = None
@@ -274,7 +277,7 @@ def summarize_run(
         if len(ttft):
             (p90_ns,) = percentiles(ttft.to_numpy(), [90])
             p90 = p90_ns / 1e6
-    return RunSummary(
+    return ReplayOutcome(
         run_dir=run_dir,
         run_id=run_id,
         counts=counts,

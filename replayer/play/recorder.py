@@ -1,11 +1,5 @@
 """ParquetRecorder: rows go into memory with a non-blocking put(); one writer task
-flushes them to a new part file every few seconds (a killed run loses at most the last
-interval; every part file is a complete Parquet file). Always flushes on exit.
-
-One owner per mutable thing: the pending rows belong to the event loop (``put`` and
-the writer task swap the whole list there); a flush thread gets a batch of its own and
-only writes files, one flush at a time.
-"""
+flushes them to a new part file every flush interval. See docs/run-directory.md."""
 
 from __future__ import annotations
 
@@ -23,7 +17,16 @@ from replayer.records import RUN_METADATA_KEY, RequestRecord, RunMeta, records_t
 
 
 class ParquetRecorder:
-    """Collects RequestRecords and writes ``requests/part-<worker>-<seq>.parquet``."""
+    """Collects RequestRecords and writes ``requests/part-<worker>-<seq>.parquet``.
+
+    ParquetRecorder: rows go into memory with a non-blocking put(); one writer task
+    flushes them to a new part file every few seconds (a killed run loses at most the
+    last interval; every part file is a complete Parquet file). Always flushes on exit.
+
+    One owner per mutable thing: the pending rows belong to the event loop (``put`` and
+    the writer task swap the whole list there); a flush thread gets a batch of its own
+    and only writes files, one flush at a time.
+    """
 
     def __init__(
         self,

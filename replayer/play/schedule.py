@@ -1,8 +1,6 @@
-"""When session trees start: N lanes (a lane takes the next tree when its tree has
-drained), seeded Poisson or gamma arrivals of trees, or each session at its trace
-time. The duration limit is a deadline on the run's clock: past it nothing new starts,
-and with ``drain="cancel"`` the trees still running are cancelled.
-"""
+"""When session trees start: lanes, seeded Poisson or gamma arrivals of trees, or each
+session at its trace time, until the duration's deadline.
+See docs/replaying.md#when-sessions-start."""
 
 from __future__ import annotations
 
@@ -43,7 +41,13 @@ def _trees(trace: Trace, loop: bool) -> Iterator[tuple[Session, int]]:
 
 
 async def run_schedule(ctx: RunContext, trace: Trace) -> None:
-    """Start every tree of ``trace`` when due; return when all have drained."""
+    """Start every tree of ``trace`` when due; return when all have drained.
+
+    When session trees start: N lanes (a lane takes the next tree when its tree has
+    drained), seeded Poisson or gamma arrivals of trees, or each session at its trace
+    time. The duration limit is a deadline on the run's clock: past it nothing new
+    starts, and with ``drain="cancel"`` the trees still running are cancelled.
+    """
     trees: set[asyncio.Task[None]] = set()
     idle = ctx.idle
     async with asyncio.TaskGroup() as tg:

@@ -1,9 +1,5 @@
-"""Scrapes the server's Prometheus ``/metrics`` during a run. Bodies are kept raw (no
-parsing on the event loop: tens of ms for vLLM's body would delay every stream's
-stamps) and written every flush interval to ``server_metrics/raw-*.parquet``; at the
-end of the run they are parsed, part by part, into ``server_metrics.parquet`` (long
-format: scrape_ns, metric, labels, value) and the raw parts removed. Memory stays
-bounded by one interval of scrapes; a kill -9 loses at most the last one."""
+"""Scrapes the server's Prometheus ``/metrics`` during a run, raw, into
+``server_metrics.parquet`` (parsed at the end). See docs/run-directory.md."""
 
 from __future__ import annotations
 
@@ -29,7 +25,15 @@ from replayer.records import (
 
 
 class MetricsScraper:
-    """Polls ``<root>/metrics``; stops quietly if the server has none."""
+    """Polls ``<root>/metrics``; stops quietly if the server has none.
+
+    Scrapes the server's Prometheus ``/metrics`` during a run. Bodies are kept raw (no
+    parsing on the event loop: tens of ms for vLLM's body would delay every stream's
+    stamps) and written every flush interval to ``server_metrics/raw-*.parquet``; at the
+    end of the run they are parsed, part by part, into ``server_metrics.parquet`` (long
+    format: scrape_ns, metric, labels, value) and the raw parts removed. Memory stays
+    bounded by one interval of scrapes; a kill -9 loses at most the last one.
+    """
 
     def __init__(
         self,

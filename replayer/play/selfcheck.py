@@ -1,15 +1,6 @@
-"""The client's self-check: whether the replayer, not the server, limited a run.
-
-Each process (one process, a ``--workers`` worker, a Ray actor) measures while it
-replays: its event loop's lag (a timer's actual wake-up minus its scheduled one: every
-stamp the loop takes is late by as much), the CPU its loop thread uses (of one core: a
-loop cannot use more), each request's wait for a free connection slot under the
-client's own cap (``slot_wait_ns``) and how late it was sent (``start_ns -
-scheduled_ns``). Past a limit, the status line says so while the run goes on, and
-``run.json`` ``client_check`` says so after: ``limited`` and one plain reason per limit
-crossed. The time a new connection takes to open (``connect_ns``: the server's accept)
-is the server's: reported in ``server_notes`` when slow, never a reason.
-"""
+"""The client's self-check: whether the replayer, not the server, limited a run (the
+status line, and ``run.json`` ``client_check``). See
+docs/scale-out.md#client-self-check."""
 
 from __future__ import annotations
 
@@ -117,7 +108,18 @@ def _server_notes(connect_p99_ms: float | None, limits: SelfCheckLimits) -> list
 
 
 class LoopMonitor:
-    """Probes the loop it runs on; owned by that loop (no locks)."""
+    """Probes the loop it runs on; owned by that loop (no locks).
+
+    Each process (one process, a ``--workers`` worker, a Ray actor) measures while it
+    replays: its event loop's lag (a timer's actual wake-up minus its scheduled one:
+    every stamp the loop takes is late by as much), the CPU its loop thread uses (of one
+    core: a loop cannot use more), each request's wait for a free connection slot under
+    the client's own cap (``slot_wait_ns``) and how late it was sent (``start_ns -
+    scheduled_ns``). Past a limit, the status line says so while the run goes on, and
+    ``run.json`` ``client_check`` says so after: ``limited`` and one plain reason per
+    limit crossed. The time a new connection takes to open (``connect_ns``: the server's
+    accept) is the server's: reported in ``server_notes`` when slow, never a reason.
+    """
 
     def __init__(
         self,

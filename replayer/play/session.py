@@ -1,12 +1,6 @@
 """Playing one session tree: turns in order, think gaps, subagents spawned after their
 anchor and joined before the parent's next request, and one record per request.
-
-By default a failed request ends its session: the rest of it (and subagents it would
-have spawned) are recorded as ``skipped``. ``on_error`` chooses otherwise: ``continue``
-(the history comes from the trace, so later turns are still well-formed) or
-``abort-run``. A lane's first tree may start mid-session (``start_ratio``): its prefix
-is primed by one ``max_tokens=1`` request, flagged and excluded from every figure.
-"""
+See docs/replaying.md."""
 
 from __future__ import annotations
 
@@ -22,7 +16,7 @@ import orjson
 
 from replayer.config import TraceTimestamps, public_url
 from replayer.play.client import NOT_STREAMED, Outcome
-from replayer.records import RequestRecord, Status, tpot_ns
+from replayer.records import RequestRecord, RequestStatus, tpot_ns
 
 if TYPE_CHECKING:
     from replayer.clock import Clock
@@ -183,7 +177,15 @@ async def play_tree(
 ) -> None:
     """Play a whole session tree; returns when it and all its subagents have drained.
     ``start_at``: start this fraction of the way into the root session (a lane's
-    first tree, mid-session start), after priming its prefix."""
+    first tree, mid-session start), after priming its prefix.
+
+    By default a failed request ends its session: the rest of it (and subagents it would
+    have spawned) are recorded as ``skipped``. ``on_error`` chooses otherwise:
+    ``continue`` (the history comes from the trace, so later turns are still
+    well-formed) or ``abort-run``. A lane's first tree may start mid-session
+    (``start_ratio``): its prefix is primed by one ``max_tokens=1`` request, flagged and
+    excluded from every figure.
+    """
     ctx.counters.lanes += 1
     try:
         async with asyncio.TaskGroup() as tg:
@@ -354,7 +356,7 @@ def _base_record(
     place: _Place,
     i: int,
     scheduled_rel: int,
-    status: Status,
+    status: RequestStatus,
     *,
     primer: bool = False,
 ) -> RequestRecord:

@@ -1,11 +1,6 @@
-"""Pure parsing of OpenAI-style server-sent events; no I/O: the byte framer (bytes as
-they arrive → events stamped with the arrival of their first byte) and the event
-parser.
-
-Handles what real servers send: comment lines (``: ping``), ``\\r\\n`` line ends, a
-role-only first chunk, several tokens per chunk, ``reasoning_content``/``reasoning``
-deltas, an empty-choices usage chunk, error events, and ``data: [DONE]``.
-"""
+"""Pure parsing of OpenAI-style server-sent events, no I/O: the byte framer
+(:class:`EventFramer`) and the event parser (:func:`parse_event`).
+See docs/metrics.md#latency."""
 
 from __future__ import annotations
 
@@ -44,7 +39,12 @@ def event_data(lines: list[bytes]) -> bytes | None:
 
 def parse_event(lines: list[bytes], *, text: bool = False) -> Event:
     """Parse one event given its lines (without line terminators); with ``text``,
-    its generated text too (every chunk is then decoded)."""
+    its generated text too (every chunk is then decoded).
+
+    Handles what real servers send: comment lines (``: ping``), ``\\r\\n`` line ends, a
+    role-only first chunk, several tokens per chunk, ``reasoning_content``/``reasoning``
+    deltas, an empty-choices usage chunk, error events, and ``data: [DONE]``.
+    """
     data = event_data(lines)
     if data is None:
         return EMPTY

@@ -8,8 +8,10 @@ from typing import Literal, get_args
 
 import pyarrow as pa
 
-Status = Literal["ok", "http_error", "timeout", "client_error", "cancelled", "skipped"]
-STATUSES: tuple[str, ...] = get_args(Status)
+RequestStatus = Literal[
+    "ok", "http_error", "timeout", "client_error", "cancelled", "skipped"
+]
+STATUSES: tuple[str, ...] = get_args(RequestStatus)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -44,7 +46,7 @@ class RequestRecord:
     output_tokens: int | None = None  # received: usage.completion_tokens, else chunks
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     ideal_cached_tokens: int  # infinite-prefix-cache hit the trace allows (sent tokens)
-    status: Status = "ok"
+    status: RequestStatus = "ok"
     http_status: int | None = None
     error_type: str | None = None
     error_message: str | None = None

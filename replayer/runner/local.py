@@ -30,7 +30,7 @@ from replayer.errors import ConfigError, EndpointError, RecorderError
 from replayer.play.agentx import check_duplication, protocol_meta
 from replayer.play.client import ChatClient, Client, ServerWatch
 from replayer.play.phase import IdleSkip, stop_control
-from replayer.play.progress import Progress, RunCounters, RunSummary, summarize_run
+from replayer.play.progress import Progress, ReplayOutcome, RunCounters, replay_outcome
 from replayer.play.recorder import ParquetRecorder
 from replayer.play.schedule import run_schedule, shard
 from replayer.play.scrape import MetricsScraper
@@ -189,7 +189,7 @@ async def replay_trace(
     client: ChatClient | None = None,
     counters: RunCounters | None = None,
     virtual: bool = False,
-) -> RunSummary:
+) -> ReplayOutcome:
     """One process's replay of ``trace`` (its shard of it, for worker ``worker_id``
     of ``config.workers``) into ``run_dir``. ``config.endpoint`` must name a URL and
     a model (:func:`running_endpoint` does that). ``start_gate`` returns the shared
@@ -337,7 +337,7 @@ async def replay_trace(
         prompts.close()
     assert meta.counts is not None
     assert meta.duration_s is not None
-    return summarize_run(
+    return replay_outcome(
         run_dir,
         run_id=meta.run_id,
         counts=meta.counts,

@@ -1,29 +1,5 @@
-"""``--ray ADDRESS``: the ``--workers`` design on a Ray cluster. Each worker is a Ray
-actor with its own event loop, pinned to a node (round-robin over the cluster's live
-nodes; by default one per node, and no more than the lanes, so that ``--concurrency
-1`` on two nodes, a sweep's or a capacity search's first level, runs one actor);
-session trees are sharded so that a tree never spans actors, and the global
-concurrency or rate is split exactly (:func:`replayer.runner.workers.worker_config`).
-
-One start instant across machines: perf counters are per machine, so the driver
-measures each actor's wall-clock offset from its own (the sample with the shortest
-round trip of a few, NTP-style), then gives every actor the same wall-clock instant
-in that actor's clock; each turns it into its own perf-counter zero. The offsets and
-round trips are recorded in ``run.json`` ``ray``.
-
-Rows go to one run directory that every node sees (a shared file system, or one
-machine): part files per actor, flushed at the flush interval, so a lost node leaves
-what it flushed. The driver watches through ``ray.wait`` with a timeout: an actor that
-dies stops the run within seconds with one line naming it and its node, the others
-flush, and its unfinished session trees are listed in ``run.json``. Ray is an optional
-extra (``pip install 'agentic-trace-replayer[ray]'``); nothing here starts a dashboard
-or asks for a token unless the cluster was started so.
-
-The driver asks every actor for its counters each second (the status line, and an
-actor silent while its peers answer is named: stopped or hung). The actors are the
-driver's (Ray stops an owner's actors when the owner dies); an actor that hears
-nothing from a started driver for ``_DRIVER_SILENT_S`` also stops its replay itself.
-"""
+"""``--ray ADDRESS``: the ``--workers`` design on a Ray cluster, each worker a Ray actor
+with its own event loop, pinned to a node. See docs/scale-out.md#ray."""
 
 from __future__ import annotations
 
@@ -37,7 +13,7 @@ from typing import Any, TextIO
 from replayer.clock import MonotonicClock
 from replayer.config import Lanes, ReplayConfig
 from replayer.errors import ConfigError
-from replayer.play.progress import PLAIN_INTERVAL_S, RunCounters, RunSummary
+from replayer.play.progress import PLAIN_INTERVAL_S, ReplayOutcome, RunCounters
 from replayer.records import RayActor, RayInfo, RayLost, RunMeta
 from replayer.records.rundir import read_run_json, write_run_json
 from replayer.runner.workers import (
@@ -208,8 +184,36 @@ def replay_with_ray(
     *,
     meta: RunMeta,
     progress: TextIO | None = None,
-) -> RunSummary:
-    """Run the replay as Ray actors on the cluster at ``config.ray_address``."""
+) -> ReplayOutcome:
+    """Run the replay as Ray actors on the cluster at ``config.ray_address``.
+
+    ``--ray ADDRESS``: the ``--workers`` design on a Ray cluster. Each worker is a Ray
+    actor with its own event loop, pinned to a node (round-robin over the cluster's live
+    nodes; by default one per node, and no more than the lanes, so that ``--concurrency
+    1`` on two nodes, a sweep's or a capacity search's first level, runs one actor);
+    session trees are sharded so that a tree never spans actors, and the global
+    concurrency or rate is split exactly
+    (:func:`replayer.runner.workers.worker_config`).
+
+    One start instant across machines: perf counters are per machine, so the driver
+    measures each actor's wall-clock offset from its own (the sample with the shortest
+    round trip of a few, NTP-style), then gives every actor the same wall-clock instant
+    in that actor's clock; each turns it into its own perf-counter zero. The offsets and
+    round trips are recorded in ``run.json`` ``ray``.
+
+    Rows go to one run directory that every node sees (a shared file system, or one
+    machine): part files per actor, flushed at the flush interval, so a lost node leaves
+    what it flushed. The driver watches through ``ray.wait`` with a timeout: an actor
+    that dies stops the run within seconds with one line naming it and its node, the
+    others flush, and its unfinished session trees are listed in ``run.json``. Ray is an
+    optional extra (``pip install 'agentic-trace-replayer[ray]'``); nothing here starts
+    a dashboard or asks for a token unless the cluster was started so.
+
+    The driver asks every actor for its counters each second (the status line, and an
+    actor silent while its peers answer is named: stopped or hung). The actors are the
+    driver's (Ray stops an owner's actors when the owner dies); an actor that hears
+    nothing from a started driver for ``_DRIVER_SILENT_S`` also stops its replay itself.
+    """
     # Actors run in Ray's own working directory: a relative path would name
     # another file there (or none).
     trace_path, run_dir = trace_path.absolute(), run_dir.absolute()
@@ -238,7 +242,7 @@ def _drive(
     run_dir: Path,
     meta: RunMeta,
     progress: TextIO | None,
-) -> RunSummary:
+) -> ReplayOutcome:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]

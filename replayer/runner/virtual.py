@@ -17,7 +17,7 @@ from click.core import ParameterSource
 from replayer.config import ReplayConfig
 from replayer.errors import ConfigError
 from replayer.play.client import Outcome
-from replayer.play.progress import RunSummary
+from replayer.play.progress import ReplayOutcome
 from replayer.records import RunMeta, VirtualEngineStats, VirtualRecord
 from replayer.records.engine_model import (
     CacheShape,
@@ -222,7 +222,7 @@ def replay_virtual(
     *,
     meta: RunMeta,
     progress: TextIO | None = None,
-) -> RunSummary:
+) -> ReplayOutcome:
     """Replay ``trace`` per ``config`` in virtual time against the engine model
     ``config.virtual`` names; the run directory is a live run's, and its run.json
     says ``virtual``."""
@@ -244,7 +244,7 @@ def replay_virtual(
     started = time.perf_counter()
     engines: list[VirtualEngine] = []
 
-    async def main(loop: VirtualLoop) -> RunSummary:
+    async def main(loop: VirtualLoop) -> ReplayOutcome:
         engine = VirtualEngine(sim)
         engines.append(engine)
         loop.driver = engine

@@ -1,19 +1,6 @@
 """``--workers N``: one asyncio process per core, sessions sharded round-robin, part
 files per worker in one run directory, and one shared zero (``perf_counter_ns`` is
-system-wide on Linux).
-
-Each worker prepares everything slow (reading the trace, ideal hits, the model check,
-opening its files) before a two-round start barrier; one of them then sets the zero
-slightly in the future. The parent watches, never waits blindly: it polls each
-worker's result pipe and process sentinel, so a worker that dies (a crash, SIGKILL,
-an error of any type) stops the run within seconds, with a one-line error that names
-it and its exit code, while the other workers flush what they recorded.
-
-Workers die with the parent, kill -9 included (replayer/lifeline.py: the parent-death
-signal, and a pipe only the parent writes to). Each reports its counters from its
-event loop every second: the parent prints the run's status line from them and names
-a worker that fell silent while its peers went on (stopped or hung).
-"""
+system-wide on Linux). See docs/scale-out.md#workers."""
 
 from __future__ import annotations
 
@@ -39,10 +26,10 @@ from replayer.errors import ConfigError, ReplayerError
 from replayer.lifeline import hold
 from replayer.play.progress import (
     PLAIN_INTERVAL_S,
+    ReplayOutcome,
     RunCounters,
-    RunSummary,
     StatusLine,
-    summarize_run,
+    replay_outcome,
 )
 from replayer.play.selfcheck import merge_checks
 from replayer.records import RunCounts, RunMeta
@@ -278,10 +265,24 @@ def replay_with_workers(
     progress: TextIO | None = None,
     stall_s: float = STALL_S,
     status_interval_s: float = PLAIN_INTERVAL_S,
-) -> RunSummary:
+) -> ReplayOutcome:
     """Run ``config.workers`` processes over shards of the trace; merge run.json.
     ``progress``: the status line's stream (a silent worker is named there, else
-    on stderr)."""
+    on stderr).
+
+    Each worker prepares everything slow (reading the trace, ideal hits, the model
+    check, opening its files) before a two-round start barrier; one of them then sets
+    the zero slightly in the future. The parent watches, never waits blindly: it polls
+    each worker's result pipe and process sentinel, so a worker that dies (a crash,
+    SIGKILL, an error of any type) stops the run within seconds, with a one-line error
+    that names it and its exit code, while the other workers flush what they recorded.
+
+    Workers die with the parent, kill -9 included (replayer/lifeline.py: the
+    parent-death signal, and a pipe only the parent writes to). Each reports its
+    counters from its event loop every second: the parent prints the run's status line
+    from them and names a worker that fell silent while its peers went on (stopped or
+    hung).
+    """
     ctx = mp.get_context("spawn")
     n = config.workers
     t0 = ctx.Value("q", 0)
@@ -354,7 +355,7 @@ def outcome(
     failure: str | None,
     interrupted: bool,
     lost: str = "",
-) -> RunSummary:
+) -> ReplayOutcome:
     """The end of a run of several workers: WorkerFailed (one line: ``failure``,
     ``lost``, where the rows are), KeyboardInterrupt, or the merged summary."""
     if failure is not None:
@@ -364,7 +365,7 @@ def outcome(
     if interrupted:
         raise KeyboardInterrupt
     assert merged.counts is not None
-    return summarize_run(
+    return replay_outcome(
         run_dir,
         run_id=merged.run_id,
         counts=merged.counts,

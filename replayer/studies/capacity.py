@@ -1,41 +1,6 @@
-"""A capacity search: the most concurrent session trees (or the highest session
-arrival rate) a server holds within an SLO.
-
-The search ramps up geometrically from ``start`` (times ``growth``) until a level fails,
-then bisects between the highest level that passed and the lowest that failed: to
-one session tree for concurrency, to ``rate_resolution`` (relative) for rates. A
-level of 0 passes by definition, so a failing first level is bisected down to 1
-(or, for rates, down to ``start / 64``), and a server that cannot hold even that
-reports 0 with the reasons.
-
-Every cell is an ordinary run directory in the capacity folder (``capacity.json``:
-the search, its cells in the order they ran and the result, rewritten after every
-cell; ``sweep.json``: the cells by level, so ``analyze``, ``report`` and ``compare``
-read the folder as a sweep). Every cell replays with a fresh cache-bust salt, so no
-cell is served from an earlier one's cache; ``reset_cache`` also asks the server to
-drop its prefix cache between cells (vLLM's ``/reset_prefix_cache``, SGLang's
-``/flush_cache``). Lanes and arrivals recycle the trace's trees (``loop``) for the
-cell's duration, then in-flight requests finish.
-
-A cell passes (``analysis.steady.slo_verdict``) when, over its steady-state window,
-the chosen percentile of each SLO metric is within its target (TTFT and E2E
-queue-inclusive: measured from when the session wanted to send), at least one
-request succeeded, and its error rate is at most ``max_error_rate``. A cell whose
-CI contains a target is "borderline" and, with ``widen_borderline``, is run again
-for twice the duration; the wider cell's verdict stands. A budget of cells or of
-time ends the search early with the best bounds found so far.
-
-A cell the self-check flags client-limited (``run.json`` ``client_check``: the
-replayer, not the server, set its latencies) is evidence of nothing about the
-server: neither a pass nor a server failure. It bounds the search from above like
-a failure (a higher level asks more of the client), and an answer bounded so is a
-lower bound set by the client. When the cells disagree within their own CIs (a
-level that fails and passes widened, a borderline verdict at either bound, a
-failure below a pass), the result gives the range of levels the evidence supports
-(``answer_range``) beside the one number.
-
-A study: it wires the engine (``replay``) and ``analysis``.
-"""
+"""A capacity search: the most concurrent session trees (or the highest session arrival
+rate) a server holds within an SLO. A study: it wires the engine (``replay``) and
+``analysis``. See docs/capacity.md#how-many-agents-does-this-server-hold."""
 
 from __future__ import annotations
 
@@ -72,12 +37,46 @@ from replayer.runner.local import run_async
 from replayer.studies.sweep import with_fresh_salt
 
 DEFAULT_CELL_S = 60.0
-Status = Literal["found", "ceiling", "budget", "interrupted", "running"]
+SearchStatus = Literal["found", "ceiling", "budget", "interrupted", "running"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CapacitySearch:
-    """What to search and when a cell passes."""
+    """What to search and when a cell passes.
+
+    The search ramps up geometrically from ``start`` (times ``growth``) until a level
+    fails, then bisects between the highest level that passed and the lowest that
+    failed: to one session tree for concurrency, to ``rate_resolution`` (relative) for
+    rates. A level of 0 passes by definition, so a failing first level is bisected down
+    to 1 (or, for rates, down to ``start / 64``), and a server that cannot hold even
+    that reports 0 with the reasons.
+
+    Every cell is an ordinary run directory in the capacity folder (``capacity.json``:
+    the search, its cells in the order they ran and the result, rewritten after every
+    cell; ``sweep.json``: the cells by level, so ``analyze``, ``report`` and ``compare``
+    read the folder as a sweep). Every cell replays with a fresh cache-bust salt, so no
+    cell is served from an earlier one's cache; ``reset_cache`` also asks the server to
+    drop its prefix cache between cells (vLLM's ``/reset_prefix_cache``, SGLang's
+    ``/flush_cache``). Lanes and arrivals recycle the trace's trees (``loop``) for the
+    cell's duration, then in-flight requests finish.
+
+    A cell passes (``analysis.steady.slo_verdict``) when, over its steady-state window,
+    the chosen percentile of each SLO metric is within its target (TTFT and E2E
+    queue-inclusive: measured from when the session wanted to send), at least one
+    request succeeded, and its error rate is at most ``max_error_rate``. A cell whose CI
+    contains a target is "borderline" and, with ``widen_borderline``, is run again for
+    twice the duration; the wider cell's verdict stands. A budget of cells or of time
+    ends the search early with the best bounds found so far.
+
+    A cell the self-check flags client-limited (``run.json`` ``client_check``: the
+    replayer, not the server, set its latencies) is evidence of nothing about the
+    server: neither a pass nor a server failure. It bounds the search from above like a
+    failure (a higher level asks more of the client), and an answer bounded so is a
+    lower bound set by the client. When the cells disagree within their own CIs (a level
+    that fails and passes widened, a borderline verdict at either bound, a failure below
+    a pass), the result gives the range of levels the evidence supports
+    (``answer_range``) beside the one number.
+    """
 
     slo: m.Slo
     percentile: float = 90.0  # of each SLO metric over the steady-state window
@@ -160,7 +159,7 @@ class _Search:
         return None if hi / lo <= 1 + s.rate_resolution else math.sqrt(lo * hi)
 
     @property
-    def status(self) -> Status:
+    def status(self) -> SearchStatus:
         if self.upper is None:
             return "ceiling" if self.next_level() is None else "running"
         return "found" if self.next_level() is None else "running"
@@ -243,7 +242,7 @@ def run_capacity(
     )
     stopped: str | None = None
 
-    def save(status: Status) -> CapacityDoc:
+    def save(status: SearchStatus) -> CapacityDoc:
         nonlocal doc
         doc = replace(
             doc,
@@ -458,7 +457,7 @@ def _result(
     search: CapacitySearch,
     bounds: _Search,
     cells: list[CapacityCell],
-    status: Status,
+    status: SearchStatus,
     stopped: str | None,
 ) -> CapacityResult:
     best = bounds.passed

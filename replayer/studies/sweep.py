@@ -11,7 +11,7 @@ from typing import TextIO
 
 from replayer.config import Lanes, ReplayConfig
 from replayer.launch import replay, running_endpoint
-from replayer.play.progress import RunSummary
+from replayer.play.progress import ReplayOutcome
 from replayer.records.rundir import new_run_id, write_json_atomic
 
 
@@ -29,7 +29,7 @@ def run_sweep(
     out: Path,
     *,
     progress: TextIO | None = None,
-) -> Iterator[tuple[str, RunSummary]]:
+) -> Iterator[tuple[str, ReplayOutcome]]:
     """Replay ``trace_path`` at each concurrency level into ``out/c<N>``; yields
     (level name, summary) as each finishes. The built-in simulator, when the config
     names no endpoint, is started once for the whole sweep."""

@@ -1,16 +1,6 @@
-"""Importers of coding agents' own logs: Claude Code, Codex and TraceLab rows become an
-anonymized trace in the native (Weka-compatible) model.
-
-One request per LLM call, with the token counts of the logs' own usage accounting and
-the provider's cached part (``provider_cached_tokens``); think and tool gaps from the
-logs' timestamps; subagents as Weka subagent spawns; block hash ids that say which
-blocks two calls share. The rules are documented where they are applied:
-``claude_code``, ``codex`` and ``tracelab`` (how calls are delimited and timed),
-``assemble`` (gaps, spawn and join points), ``prefix`` (block ids, with and without a
-tokenizer) and ``anonymize`` (what may reach the output: numbers and allow-listed
-values only, ids hashed with a secret drawn per import). ``logfile`` reads live logs:
-a partial last line, like any record that cannot be used, is skipped and counted.
-"""
+"""Importers of coding agents' own logs (Claude Code, Codex, TraceLab) → an anonymized
+trace in the native model; each rule is documented in the module that applies it.
+See docs/traces.md#bring-your-own-agent-traffic."""
 
 from __future__ import annotations
 

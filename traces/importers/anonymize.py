@@ -1,19 +1,6 @@
-"""Anonymization by construction: what of an agent's log may reach an imported trace.
-
-Nothing is copied from a log into a trace except numbers (token counts, durations
-relative to the session start) and values that pass an allow-list:
-
-* ids (session ids, thread ids) become keyed hashes (HMAC-SHA256 with a secret salt
-  drawn per import and never written anywhere), so two imports of one log do not even
-  share pseudonyms; subagents are numbered ``agent_001``, ``agent_002``, ... per parent;
-* a model name is kept only when every dash-separated part is a known family, a known
-  tier word or a version number (``claude-opus-4-5-20251101``, ``gpt-5.4``); anything
-  else becomes ``model-<keyed hash>``;
-* stop reasons, subagent types and statuses pass only from fixed vocabularies;
-* text, paths, tool names and inputs, user and project names never leave the parser
-  (with ``--tokenizer``, text is turned into token ids whose block hashes are keyed by
-  the same salt, and only the block ids are written).
-"""
+"""Anonymization by construction: what of an agent's log may reach an imported trace
+(numbers and allow-listed values only).
+See docs/traces.md#bring-your-own-agent-traffic."""
 
 from __future__ import annotations
 
@@ -132,7 +119,23 @@ def is_public_model_name(name: str) -> bool:
 
 
 class Anonymizer:
-    """Pseudonyms and allow-lists for one import; the salt lives only in memory."""
+    """Pseudonyms and allow-lists for one import; the salt lives only in memory.
+
+    Nothing is copied from a log into a trace except numbers (token counts, durations
+    relative to the session start) and values that pass an allow-list:
+
+    * ids (session ids, thread ids) become keyed hashes (HMAC-SHA256 with a secret salt
+      drawn per import and never written anywhere), so two imports of one log do not
+      even share pseudonyms; subagents are numbered ``agent_001``, ``agent_002``, ...
+      per parent;
+    * a model name is kept only when every dash-separated part is a known family, a
+      known tier word or a version number (``claude-opus-4-5-20251101``, ``gpt-5.4``);
+      anything else becomes ``model-<keyed hash>``;
+    * stop reasons, subagent types and statuses pass only from fixed vocabularies;
+    * text, paths, tool names and inputs, user and project names never leave the parser
+      (with ``--tokenizer``, text is turned into token ids whose block hashes are keyed
+      by the same salt, and only the block ids are written).
+    """
 
     def __init__(self, salt: bytes | None = None) -> None:
         # A fresh secret per import unless a test pins one.

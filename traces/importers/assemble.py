@@ -1,20 +1,5 @@
-"""Threads of calls → an anonymized :class:`~traces.model.Trace`.
-
-Times. A call's ``t`` is its start minus its thread's first start; its ``think_time``
-is its start minus the previous call's end (the user's or the tools' time); its
-``api_time`` is its end minus its start. Starts never precede the previous call's
-end. A root session's ``start_t`` is its first start minus the import's first start,
-so absolute times of day are never written. Times are rounded to the millisecond,
-the logs' own resolution.
-
-Subagents (Weka semantics). A subagent thread spawns after the parent call that
-spawned it: the call the log links it to (a tool call whose result names it), else
-the last parent call that started before the subagent's first call. The parent call
-after that one waits for it (the join); with no parent call after it, it runs in the
-background. Its spawn time is clamped between those two calls, as the Weka format
-requires. Subagents are numbered ``agent_001``, ``agent_002``, ... per parent in spawn
-order and their session ids are ``<parent id>/<agent id>``.
-"""
+"""Threads of calls → an anonymized :class:`~traces.model.Trace`: relative times, gaps,
+and subagent spawn and join points. See docs/traces.md#bring-your-own-agent-traffic."""
 
 from __future__ import annotations
 
@@ -298,7 +283,23 @@ def assemble(
     hash_rule: str,
     report: ImportReport,
 ) -> Trace:
-    """The trace of ``threads``: roots by first call, subagents under their parents."""
+    """The trace of ``threads``: roots by first call, subagents under their parents.
+
+    Times. A call's ``t`` is its start minus its thread's first start; its
+    ``think_time`` is its start minus the previous call's end (the user's or the tools'
+    time); its ``api_time`` is its end minus its start. Starts never precede the
+    previous call's end. A root session's ``start_t`` is its first start minus the
+    import's first start, so absolute times of day are never written. Times are rounded
+    to the millisecond, the logs' own resolution.
+
+    Subagents (Weka semantics). A subagent thread spawns after the parent call that
+    spawned it: the call the log links it to (a tool call whose result names it), else
+    the last parent call that started before the subagent's first call. The parent call
+    after that one waits for it (the join); with no parent call after it, it runs in the
+    background. Its spawn time is clamped between those two calls, as the Weka format
+    requires. Subagents are numbered ``agent_001``, ``agent_002``, ... per parent in
+    spawn order and their session ids are ``<parent id>/<agent id>``.
+    """
     report.hash_rule = hash_rule
     return _Builder(
         threads,

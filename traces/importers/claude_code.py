@@ -1,29 +1,5 @@
 """Claude Code session logs (``~/.claude/projects/<project>/*.jsonl``) → threads.
-
-Calls. One call per distinct assistant ``message.id`` in a thread: Claude Code writes
-one record per content block (thinking, text, each tool use) and repeats the
-message's ``usage`` on each, so the records of one id are one call. Its usage is the
-most complete snapshot among them (largest ``output_tokens``, then largest input):
-input = ``input_tokens + cache_creation_input_tokens + cache_read_input_tokens``,
-output = ``output_tokens``; the provider's cached part is ``cache_read_input_tokens``
-(recorded as ``provider_cached_tokens``; ``cache_creation_input_tokens`` as
-``provider_cache_write_tokens``). ``<synthetic>`` messages (API errors, interrupts)
-made no LLM call and are skipped, as are messages that carry no usage.
-
-Times. A call starts at its last input before its first record: the user message or
-tool results (``type: user`` records) logged since the previous call; it ends at its
-last record. Everything between is the think gap (user) or tool gap (tools).
-
-Threads and subagents. The main thread of a session is its ``isSidechain: false``
-records (by ``sessionId``). Subagents (the ``Task``/``Agent`` tool) are sidechains:
-``isSidechain: true`` records, in ``agent-<id>.jsonl`` files (newer versions, grouped
-by ``agentId``) or inline in the session file (older versions, grouped by the root of
-their ``parentUuid`` chain). A subagent is linked to the parent call that spawned it
-by the parent's tool result naming its ``agentId`` (``toolUseResult``), else by its
-first message being the spawning tool's ``prompt``; its type, status, duration, token
-and tool-use totals come from that tool result. A ``compact_boundary`` system record
-(or a compact-summary message) marks a compaction: the next call starts a new prefix.
-"""
+See docs/traces.md#bring-your-own-agent-traffic."""
 
 from __future__ import annotations
 
@@ -398,7 +374,34 @@ def _block_texts(block: Mapping[str, Any]) -> list[str]:
 def read_claude_code(
     files: list[Path], report: ImportReport, *, want_text: bool
 ) -> list[Thread]:
-    """The threads of the Claude Code logs in ``files``."""
+    """The threads of the Claude Code logs in ``files``.
+
+    Calls. One call per distinct assistant ``message.id`` in a thread: Claude Code
+    writes one record per content block (thinking, text, each tool use) and repeats the
+    message's ``usage`` on each, so the records of one id are one call. Its usage is the
+    most complete snapshot among them (largest ``output_tokens``, then largest input):
+    input = ``input_tokens + cache_creation_input_tokens + cache_read_input_tokens``,
+    output = ``output_tokens``; the provider's cached part is
+    ``cache_read_input_tokens`` (recorded as ``provider_cached_tokens``;
+    ``cache_creation_input_tokens`` as ``provider_cache_write_tokens``). ``<synthetic>``
+    messages (API errors, interrupts) made no LLM call and are skipped, as are messages
+    that carry no usage.
+
+    Times. A call starts at its last input before its first record: the user message or
+    tool results (``type: user`` records) logged since the previous call; it ends at its
+    last record. Everything between is the think gap (user) or tool gap (tools).
+
+    Threads and subagents. The main thread of a session is its ``isSidechain: false``
+    records (by ``sessionId``). Subagents (the ``Task``/``Agent`` tool) are sidechains:
+    ``isSidechain: true`` records, in ``agent-<id>.jsonl`` files (newer versions,
+    grouped by ``agentId``) or inline in the session file (older versions, grouped by
+    the root of their ``parentUuid`` chain). A subagent is linked to the parent call
+    that spawned it by the parent's tool result naming its ``agentId``
+    (``toolUseResult``), else by its first message being the spawning tool's ``prompt``;
+    its type, status, duration, token and tool-use totals come from that tool result. A
+    ``compact_boundary`` system record (or a compact-summary message) marks a
+    compaction: the next call starts a new prefix.
+    """
     reader = _Reader(report, want_text)
     for path in files:
         reader.read(path)

@@ -1,26 +1,5 @@
 """Codex CLI rollout logs (``~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl``) → threads.
-
-Calls. One call per ``token_count`` event whose cumulative ``total_token_usage``
-changed: Codex logs one after every model round (a repeat with unchanged totals, or one
-without ``info``, is not a new call and is skipped). The call's numbers are its
-``last_token_usage`` (or the difference of the totals when that is missing): input =
-``input_tokens`` (which includes the cached part), output = ``output_tokens`` (which
-includes reasoning); the provider's cached part is ``cached_input_tokens``
-(``provider_cached_tokens``), ``reasoning_output_tokens`` is kept as such. Model output
-after the last ``token_count`` of a file (a round still running) is skipped.
-
-Times. A call starts at its last input logged before its first output: the user
-message (``response_item`` message with role ``user``, or ``event_msg``
-``user_message``) or tool outputs (``function_call_output``,
-``custom_tool_call_output``) since the previous call; it ends at its ``token_count``.
-
-Threads and subagents. One rollout file is one thread (``session_meta.payload.id``).
-A rollout whose ``session_meta.payload.source`` is ``{"subagent": {"thread_spawn":
-{"parent_thread_id": ...}}}`` is a subagent of that thread (when it is imported too),
-spawned by the parent call whose ``spawn_agent`` tool output names it. A ``compacted``
-record or a ``context_compacted`` event marks a compaction: the next call starts a
-new prefix.
-"""
+See docs/traces.md#bring-your-own-agent-traffic."""
 
 from __future__ import annotations
 
@@ -310,7 +289,30 @@ def _call_texts(payload: Mapping[str, Any]) -> list[str]:
 def read_codex(
     files: list[Path], report: ImportReport, *, want_text: bool
 ) -> list[Thread]:
-    """The threads of the Codex rollouts in ``files``."""
+    """The threads of the Codex rollouts in ``files``.
+
+    Calls. One call per ``token_count`` event whose cumulative ``total_token_usage``
+    changed: Codex logs one after every model round (a repeat with unchanged totals, or
+    one without ``info``, is not a new call and is skipped). The call's numbers are its
+    ``last_token_usage`` (or the difference of the totals when that is missing): input =
+    ``input_tokens`` (which includes the cached part), output = ``output_tokens`` (which
+    includes reasoning); the provider's cached part is ``cached_input_tokens``
+    (``provider_cached_tokens``), ``reasoning_output_tokens`` is kept as such. Model
+    output after the last ``token_count`` of a file (a round still running) is skipped.
+
+    Times. A call starts at its last input logged before its first output: the user
+    message (``response_item`` message with role ``user``, or ``event_msg``
+    ``user_message``) or tool outputs (``function_call_output``,
+    ``custom_tool_call_output``) since the previous call; it ends at its
+    ``token_count``.
+
+    Threads and subagents. One rollout file is one thread (``session_meta.payload.id``).
+    A rollout whose ``session_meta.payload.source`` is ``{"subagent": {"thread_spawn":
+    {"parent_thread_id": ...}}}`` is a subagent of that thread (when it is imported
+    too), spawned by the parent call whose ``spawn_agent`` tool output names it. A
+    ``compacted`` record or a ``context_compacted`` event marks a compaction: the next
+    call starts a new prefix.
+    """
     reader = _Reader(report, want_text)
     for path in files:
         reader.read(path)

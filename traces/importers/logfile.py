@@ -1,13 +1,6 @@
-"""Finding agent log files and reading their records, tolerating live logs.
-
-A PATH is a file, a folder (searched recursively for ``.jsonl``, ``.jsonl.gz`` and
-``.json`` files) or a glob (``**`` allowed). A log is JSONL, one record per line, or
-the "record view" TraceLab publishes (records pretty-printed between
-``===== record NNNN =====`` separators, ``#`` header lines). A log may still be being
-written: a partial last line is skipped, and so is any other line or record that cannot
-be used; :class:`ImportReport` counts every skip by reason, with the first place it
-happened. Owns no knowledge of any agent's record schema.
-"""
+"""Finding agent log files and reading their records, tolerating live logs (every skip
+counted in :class:`ImportReport`). Owns no knowledge of any agent's record schema.
+See docs/traces.md#bring-your-own-agent-traffic."""
 
 from __future__ import annotations
 
@@ -122,7 +115,16 @@ def _is_record_view(data: bytes) -> bool:
 def read_records(
     path: Path, report: ImportReport
 ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line, record) for every usable record of ``path``; the rest is reported."""
+    """(line, record) for every usable record of ``path``; the rest is reported.
+
+    A PATH is a file, a folder (searched recursively for ``.jsonl``, ``.jsonl.gz`` and
+    ``.json`` files) or a glob (``**`` allowed). A log is JSONL, one record per line, or
+    the "record view" TraceLab publishes (records pretty-printed between ``===== record
+    NNNN =====`` separators, ``#`` header lines). A log may still be being written: a
+    partial last line is skipped, and so is any other line or record that cannot be
+    used; :class:`ImportReport` counts every skip by reason, with the first place it
+    happened. Owns no knowledge of any agent's record schema.
+    """
     data = read_file_bytes(path)
     if _is_record_view(data):
         yield from _record_view(path, data, report)

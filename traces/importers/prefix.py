@@ -1,38 +1,6 @@
-"""Block hash ids for imported calls: which ``block_size``-token blocks two calls share.
-
-Every call of a thread extends its predecessor's context; a compaction or a reset
-starts a new prefix. Three rules, and the trace says which one made its ids
-(``hash_rule`` in each root session):
-
-``context-growth`` (no tokenizer; ids local to each session tree)
-    A thread's first call is all new blocks. Call k shares its first
-    ``min(in[k-1], in[k])`` tokens with call k-1 (the whole previous prompt, or all of
-    this one if the context shrank a little). After a compaction marker, or when the
-    context shrinks below ``RESET_FRACTION`` of the previous one, the call starts a new
-    prefix and keeps only the head the provider still served from its cache:
-    ``min(cached[k], in[k-1], in[k])`` tokens. Shared tokens become the previous call's
-    first ``shared // block_size`` ids; the remaining full blocks get new ids (partial
-    tail blocks are not hashed, as in Weka).
-
-``tracelab-prefix-split`` (TraceLab rows)
-    The same, with the split the row gives: round k shares ``prefix_tokens`` (at most
-    the previous round's input) with round k-1; ``newly_append_tokens`` are new blocks.
-    A session's first round is all new blocks.
-
-``token-ids:<tokenizer digest>`` (``--tokenizer FILE``; ids shared across the trace)
-    A thread's context is the text its log shows (system and developer instructions,
-    user messages, assistant text and tool calls, tool results), tokenized in log
-    order, with the tokens the log does not show (hidden system prompts and tool
-    definitions, thinking, images, formatting) as filler right after the visible text
-    of the stretch they belong to, so that call k's prompt is exactly ``in[k]`` tokens
-    and extends call k-1's. Block ids are chained keyed hashes of block contents
-    (BLAKE2b over the previous block's hash and this block's token ids, keyed with the
-    import's secret), numbered in order of first appearance: two sessions whose logs
-    start with the same text (a Codex system prompt, a repeated first message) share
-    those blocks. Filler is unique to its thread, so blocks after it are never shared
-    across threads; a compaction (or a shrink below ``RESET_FRACTION``) starts a new
-    chain.
-"""
+"""Block hash ids for imported calls: which ``block_size``-token blocks two calls share,
+by one of three rules (``hash_rule`` in each root session).
+See docs/traces.md#bring-your-own-agent-traffic."""
 
 from __future__ import annotations
 
@@ -53,7 +21,22 @@ TRACELAB_SPLIT = "tracelab-prefix-split"
 
 
 def shared_tokens(call: Call, prev: Call | None) -> int:
-    """Tokens ``call`` shares with ``prev`` under the context-growth rule."""
+    """Tokens ``call`` shares with ``prev`` under the context-growth rule.
+
+    Every call of a thread extends its predecessor's context; a compaction or a reset
+    starts a new prefix. Three rules, and the trace says which one made its ids
+    (``hash_rule`` in each root session):
+
+    ``context-growth`` (no tokenizer; ids local to each session tree)
+        A thread's first call is all new blocks. Call k shares its first ``min(in[k-1],
+        in[k])`` tokens with call k-1 (the whole previous prompt, or all of this one if
+        the context shrank a little). After a compaction marker, or when the context
+        shrinks below ``RESET_FRACTION`` of the previous one, the call starts a new
+        prefix and keeps only the head the provider still served from its cache:
+        ``min(cached[k], in[k-1], in[k])`` tokens. Shared tokens become the previous
+        call's first ``shared // block_size`` ids; the remaining full blocks get new ids
+        (partial tail blocks are not hashed, as in Weka).
+    """
     if prev is None:
         return 0
     if call.prefix_hint is not None:
@@ -64,7 +47,13 @@ def shared_tokens(call: Call, prev: Call | None) -> int:
 
 
 class GrowthIds:
-    """Context-growth (and TraceLab split) ids, numbered from 1 per session tree."""
+    """Context-growth (and TraceLab split) ids, numbered from 1 per session tree.
+
+    ``tracelab-prefix-split`` (TraceLab rows)
+        The same, with the split the row gives: round k shares ``prefix_tokens`` (at
+        most the previous round's input) with round k-1; ``newly_append_tokens`` are new
+        blocks. A session's first round is all new blocks.
+    """
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
@@ -129,7 +118,22 @@ class _Chain:
 
 
 class TokenIds:
-    """Content-derived ids from a local tokenizer.json, shared across the trace."""
+    """Content-derived ids from a local tokenizer.json, shared across the trace.
+
+    ``token-ids:<tokenizer digest>`` (``--tokenizer FILE``; ids shared across the trace)
+        A thread's context is the text its log shows (system and developer instructions,
+        user messages, assistant text and tool calls, tool results), tokenized in log
+        order, with the tokens the log does not show (hidden system prompts and tool
+        definitions, thinking, images, formatting) as filler right after the visible
+        text of the stretch they belong to, so that call k's prompt is exactly ``in[k]``
+        tokens and extends call k-1's. Block ids are chained keyed hashes of block
+        contents (BLAKE2b over the previous block's hash and this block's token ids,
+        keyed with the import's secret), numbered in order of first appearance: two
+        sessions whose logs start with the same text (a Codex system prompt, a repeated
+        first message) share those blocks. Filler is unique to its thread, so blocks
+        after it are never shared across threads; a compaction (or a shrink below
+        ``RESET_FRACTION``) starts a new chain.
+    """
 
     def __init__(self, tokenizer: Path, key: bytes, block_size: int) -> None:
         self._tok = load_tokenizer(tokenizer)

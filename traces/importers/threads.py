@@ -1,11 +1,6 @@
-"""The importers' intermediate form: threads of LLM calls, as read from one agent's
-logs, before ids are hashed, times made relative and block ids built.
-
-A thread is one conversation with the model: a session's main agent or one subagent.
-Each parser (Claude Code, Codex, TraceLab) fills these; ``assemble`` turns them into a
-:class:`traces.model.Trace`. Raw values (ids, model names, text) live here only in
-memory and are never written.
-"""
+"""The importers' intermediate form: threads of LLM calls (a session's main agent or one
+subagent) before ids are hashed; ``assemble`` makes the trace. Raw values (ids, model
+names, text) live here in memory only, never written. See docs/traces.md."""
 
 from __future__ import annotations
 

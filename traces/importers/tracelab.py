@@ -1,18 +1,5 @@
 """TraceLab's released round format (one LLM call per JSONL row) → threads.
-
-Calls. Each row is one call: input = ``input_tokens_total`` (= ``prefix_tokens +
-newly_append_tokens``), output = ``output_tokens``; ``prefix_tokens`` (the provider's
-cached part) is ``provider_cached_tokens`` and ``reasoning_output_tokens`` is kept.
-Rows are grouped by ``session_id`` and ordered by ``round_index``. The split maps onto
-block ids (``tracelab-prefix-split``): round k shares its ``prefix_tokens`` with round
-k-1, its ``newly_append_tokens`` are new blocks.
-
-Times come from ``timing_events``: a call starts at its last ``user_message`` or
-``tool_result`` event and ends at its last output event (``reasoning``, ``text``,
-``tool_call``, ``usage_report``). The released rows carry no subagent links, so every
-session is a root. A row that breaks the schema is an error naming its file, line and
-field; a partial last line (a file still being written) is skipped.
-"""
+See docs/traces.md#bring-your-own-agent-traffic."""
 
 from __future__ import annotations
 
@@ -130,7 +117,22 @@ def _row(
 def read_tracelab(
     files: list[Path], report: ImportReport, *, want_text: bool = False
 ) -> list[Thread]:
-    """The threads (one per ``session_id``) of the TraceLab round files."""
+    """The threads (one per ``session_id``) of the TraceLab round files.
+
+    Calls. Each row is one call: input = ``input_tokens_total`` (= ``prefix_tokens +
+    newly_append_tokens``), output = ``output_tokens``; ``prefix_tokens`` (the
+    provider's cached part) is ``provider_cached_tokens`` and
+    ``reasoning_output_tokens`` is kept. Rows are grouped by ``session_id`` and ordered
+    by ``round_index``. The split maps onto block ids (``tracelab-prefix-split``): round
+    k shares its ``prefix_tokens`` with round k-1, its ``newly_append_tokens`` are new
+    blocks.
+
+    Times come from ``timing_events``: a call starts at its last ``user_message`` or
+    ``tool_result`` event and ends at its last output event (``reasoning``, ``text``,
+    ``tool_call``, ``usage_report``). The released rows carry no subagent links, so
+    every session is a root. A row that breaks the schema is an error naming its file,
+    line and field; a partial last line (a file still being written) is skipped.
+    """
     problems: list[Problem] = []
     rows: dict[str, list[tuple[int, int, Call]]] = {}
     threads: dict[str, Thread] = {}
