@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -546,7 +545,7 @@ def test_cli_run_kill_9_keeps_rows_and_server_metrics(tmp_path: Path) -> None:
                 break
             time.sleep(0.2)
         assert proc.poll() is None
-        time.sleep(random.uniform(0, 2))  # any moment between flushes
+        time.sleep(1.0)  # halfway between two of the 2 s flushes: rows are pending
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
