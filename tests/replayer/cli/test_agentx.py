@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-WEKA = Path(__file__).resolve().parents[3] / "shared" / "data" / "weka"
+WEKA = Path(__file__).resolve().parents[4] / "shared" / "data" / "weka"
 TRACE = WEKA / "trace_0718.json"  # 8 requests, no subagents
 REPLAYER = [sys.executable, "-m", "replayer"]
 
