@@ -28,7 +28,7 @@ from replayer.records.engine_model import (
 )
 from replayer.runner.local import replay_trace
 from replayer.runner.vloop import VirtualClock, VirtualLoop, run_virtual
-from replayer.sim.cache import block_hashes
+from replayer.sim.cache import Ids, as_ids, block_hashes
 from replayer.sim.config import SimConfig
 from replayer.sim.core import CoreRequest
 from replayer.sim.dice import roll
@@ -168,7 +168,7 @@ class VirtualClient:
         out.end_ns = vreq.token_times_ns[-1]
         return out
 
-    def _parse(self, body: bytes) -> tuple[GenerateRequest, int, list[int]]:
+    def _parse(self, body: bytes) -> tuple[GenerateRequest, int, Ids]:
         """The request as the simulator parses it, its prompt's length and block
         hashes; a token-id prompt is hashed only past what a recent one shared."""
         cfg = self.config
@@ -177,10 +177,10 @@ class VirtualClient:
             if split is not None:
                 data = load_body(split.rest)
                 req = check_request(data, self.kind, cfg, [], split.tokens)
-                return req, split.tokens, split.hashes
+                return req, split.tokens, split.hash_ids
         req = parse_request(body, self.kind, cfg)
         ids = req.prompt_ids
-        return req, len(ids), block_hashes(ids, cfg.block_size)
+        return req, len(ids), as_ids(block_hashes(ids, cfg.block_size))
 
     def _fill(
         self, out: Outcome, vreq: VirtualRequest, max_tokens: int, word_offset: int

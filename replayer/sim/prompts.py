@@ -5,13 +5,12 @@ docs/engine-model.md."""
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 import numpy as np
 import orjson
 
-from replayer.sim.cache import block_hashes
+from replayer.sim.cache import Ids, as_ids, block_hashes
 from replayer.sim.protocol import ApiError
 from traces.recent import RecentByKey
 
@@ -20,13 +19,14 @@ _COMMA = ord(",")
 # Prompts whose first bytes agree are compared in full: a tree's sessions share them.
 _KEY_BYTES = 512
 _PER_KEY = 4  # recent prompts kept per key (a root and its subagents interleave)
+_NONE: Ids = np.zeros(0, np.int64)
 
 
 @dataclass(slots=True)
 class _Seen:
     ids: bytes  # the bytes between "prompt":[ and ]
-    hashes: list[int]  # chained hashes of its full blocks
-    ends: list[int]  # byte offset in ``ids`` of the comma after each full block
+    hashes: Ids  # chained hashes of its full blocks
+    ends: Ids  # byte offset in ``ids`` of the comma after each full block
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,12 @@ class HashedPrompt:
 
     rest: bytes  # the body with the prompt's ids replaced by a single 0
     tokens: int
-    hashes: list[int]
+    hash_ids: Ids  # the prompt's chained block hashes
+
+    @property
+    def hashes(self) -> list[int]:
+        hashes: list[int] = self.hash_ids.tolist()
+        return hashes
 
 
 class PromptHashes:
@@ -80,27 +85,28 @@ class PromptHashes:
             if n > common:
                 best, common = seen, n
         # Blocks whose closing comma lies in the common prefix are the same tokens.
-        reuse = 0 if best is None else bisect.bisect_left(best.ends, common)
+        reuse = 0 if best is None else int(np.searchsorted(best.ends, common))
         if best is not None and reuse:
-            hashes = best.hashes[:reuse]
-            ends = best.ends[:reuse]
-            tail_at = ends[-1] + 1
+            old, old_ends = best.hashes[:reuse], best.ends[:reuse]
+            tail_at = int(old_ends[-1]) + 1
+            parent = int(old[-1])
         else:
-            hashes, ends, tail_at = [], [], 0
+            old, old_ends, tail_at, parent = _NONE, _NONE, 0, 0
         try:
             tail = orjson.loads(b"[" + ids[tail_at:] + b"]")
         except orjson.JSONDecodeError:
             return None
         if set(map(type, tail)) != {int} or min(tail) < 0:
             raise ApiError(400, "token ids in 'prompt' must be integers >= 0")
-        parent = hashes[-1] if hashes else 0
         new = block_hashes(tail, bs, parent)
-        hashes.extend(new)
+        hashes, ends = old, old_ends
         if new:
+            hashes = np.concatenate((old, as_ids(new)))
             commas = np.flatnonzero(arr[tail_at:] == _COMMA)
-            ends.extend((commas[bs - 1 :: bs][: len(new)] + tail_at).tolist())
-            if len(ends) < len(hashes):  # the last block ends the prompt: no comma
-                ends.append(len(ids))
+            new_ends = commas[bs - 1 :: bs][: len(new)] + tail_at
+            if len(new_ends) < len(new):  # the last block ends the prompt: no comma
+                new_ends = np.append(new_ends, len(ids))
+            ends = np.concatenate((old_ends, new_ends.astype(np.int64)))
         self.reused_blocks += reuse
         self.hashed_blocks += len(new)
         self._seen.add(key, _Seen(ids, hashes, ends))
