@@ -12,8 +12,11 @@ import numpy.typing as npt
 
 Ids = npt.NDArray[np.int64]  # block ids, or chained block hashes
 
+_NONE: Ids = np.zeros(0, np.int64)
 _EMPTY, _GONE = -1, -2  # a hash table slot never used; one whose key was deleted
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing spreads any int keys
+_GOLDEN_INT = 0x9E3779B97F4A7C15  # Fibonacci hashing spreads any int keys
+_GOLDEN = np.uint64(_GOLDEN_INT)
+_M64 = (1 << 64) - 1
 
 
 def block_hashes(
@@ -39,17 +42,19 @@ def as_ids(values: Sequence[int] | Ids) -> Ids:
 
 
 class _HashTable:
-    """int64 keys to block ids, every operation on a whole array of keys at once: the
-    prefix cache's index. Open addressing with linear probing, at most a quarter of
-    the slots used (live keys and tombstones), an eighth live: a lookup reads about
-    one slot, and a batch's longest probe is a few."""
+    """The prefix cache's index: int64 keys (block hashes) to values (block ids
+    ``0 .. max_keys - 1``), by open addressing with linear probing, most operations
+    on a whole array of keys at once. At most a quarter of the slots are used (live
+    keys and tombstones), an eighth live: a probe reads about one slot."""
 
     def __init__(self, max_keys: int) -> None:
         bits = max(4, (8 * max_keys - 1).bit_length())
+        self._bits = bits
         self._shift = np.uint64(64 - bits)
         self._mask = (1 << bits) - 1
         self.keys = np.zeros(1 << bits, np.int64)
         self.vals = np.full(1 << bits, _EMPTY, np.int32)
+        self.slot_of = np.zeros(max_keys, np.intp)  # a live value's slot
         self._used = 0  # slots not _EMPTY (live keys and tombstones)
         self._limit = (1 << bits) // 4
 
@@ -74,13 +79,20 @@ class _HashTable:
                 return out
             todo, keys, at = todo[go], keys[go], (at[go] + 1) & mask
 
-    def get(self, keys: Ids) -> Ids:
-        """Each key's block id, or -1 where it is absent."""
-        slots = self.find(keys)
-        return np.where(slots >= 0, self.vals.take(slots), -1).astype(np.int64)
+    def find_one(self, key: int) -> int:
+        """One key's value, or -1 (the same probe as :meth:`find`, in Python)."""
+        at = ((key & _M64) * _GOLDEN_INT & _M64) >> (64 - self._bits)
+        vals, keys, mask = self.vals, self.keys, self._mask
+        while True:
+            v = int(vals[at])
+            if v == _EMPTY:
+                return -1
+            if v >= 0 and int(keys[at]) == key:
+                return v
+            at = (at + 1) & mask
 
     def insert(self, keys: Ids, vals: Ids) -> None:
-        """Add keys known to be absent and distinct."""
+        """Add keys known to be absent and distinct, with distinct values."""
         if self._used + len(keys) > self._limit:
             self._rebuild()
         tvals, tkeys, mask = self.vals, self.keys, self._mask
@@ -93,13 +105,14 @@ class _HashTable:
             self._used += int(np.count_nonzero(tvals[slots] == _EMPTY))
             tkeys[slots] = keys[won]
             tvals[slots] = vals[won]
+            self.slot_of[vals[won]] = slots
             left = np.ones(len(keys), bool)
             left[won] = False
             keys, vals, at = keys[left], vals[left], (at[left] + 1) & mask
 
-    def delete(self, keys: Ids) -> None:
-        """Remove keys known to be present (their slots become tombstones)."""
-        self.vals[self.find(keys)] = _GONE
+    def remove(self, vals: Ids) -> None:
+        """Remove the keys of live values (their slots become tombstones)."""
+        self.vals[self.slot_of[vals]] = _GONE
 
     def _rebuild(self) -> None:
         live = self.vals >= 0
@@ -121,7 +134,11 @@ class BlockPool:
     The free queue is a log of block ids in the order they were freed, read from a
     head: an entry is live while its block's ``_pos`` still points at it (a block
     taken back out by a hit, or freed again later, leaves a dead entry behind). So
-    freeing, taking and touching a run of blocks are array operations.
+    freeing, taking and touching a run of blocks are array operations, and so is a
+    lookup: the blocks a request caches are also logged as a chain, and a later
+    prompt's leading run is read off the chain its first hit is on (checked block
+    by block against its hashes, in one array comparison), with a probe of the
+    index only where the chain ends or departs from the prompt.
     """
 
     def __init__(self, num_blocks: int, host_blocks: int = 0) -> None:
@@ -141,6 +158,12 @@ class BlockPool:
         self._hash = np.zeros(num_blocks, np.int64)  # valid where _hashed
         self._hashed = np.zeros(num_blocks, bool)
         self._index = _HashTable(num_blocks)  # cached hash -> block id
+        # Chains of block ids as requests hold them, newest last: a lookup follows
+        # a chain from one probe and checks it against the hashes, rather than
+        # probing the index for every block. ``_where``: a block's latest place.
+        self._chains = np.zeros(4 * num_blocks + 1024, np.int64)
+        self._chains_len = 0
+        self._where = np.full(num_blocks, -1, np.int64)
         self.host: OrderedDict[int, None] = OrderedDict()
         self.evictions = 0
         # Changes whenever what a lookup can find changes (a prefix cached or
@@ -157,14 +180,26 @@ class BlockPool:
     def lookup_ids(self, hashes: Ids, limit: int) -> tuple[Ids, list[int]]:
         """The leading cached run of ``hashes[:limit]``: GPU block ids, then the
         host-tier hashes that continue it."""
-        head = hashes[: max(0, limit)]
-        found = self._index.get(head)
-        miss = np.flatnonzero(found < 0)
-        gpu = found[: miss[0]] if len(miss) else found
+        limit = min(limit, len(hashes))
+        find_one, chains, where = self._index.find_one, self._chains, self._where
+        runs: list[Ids] = []
+        k = 0
+        while k < limit:
+            block = find_one(int(hashes[k]))
+            if block < 0:
+                break
+            # Where the chain holding this block goes on as the prompt does.
+            at = int(where[block])
+            run = chains[at : min(self._chains_len, at + limit - k)]
+            same = (self._hash[run] == hashes[k : k + len(run)]) & self._hashed[run]
+            n = int(same.argmin()) or len(run)  # same[0]: the block found
+            runs.append(run[:n])
+            k += n
+        gpu = runs[0] if len(runs) == 1 else np.concatenate(runs or [_NONE])
         host: list[int] = []
-        if self.host and len(miss):
+        if self.host and k < limit:
             in_host = self.host
-            for h in head[miss[0] :].tolist():
+            for h in hashes[k:limit].tolist():
                 if h not in in_host:
                     break
                 host.append(h)
@@ -191,7 +226,7 @@ class BlockPool:
         if n > self.num_free:
             raise KeyError(f"{n} blocks wanted, {self.num_free} free")
         if n <= 0:
-            return np.zeros(0, np.int64)
+            return _NONE
         log, pos = self._log, self._pos
         head, tail = self._head, self._tail
         parts: list[Ids] = []
@@ -218,24 +253,27 @@ class BlockPool:
             self._evict(evicted)
         return ids
 
-    def cache_run(self, blocks: Ids, hashes: Ids) -> None:
-        """Make computed full blocks hittable under their (chained, so distinct)
-        hashes; a duplicate of a cached hash stays private, as its twin already
-        serves hits."""
-        if not len(blocks):
+    def cache_run(self, blocks: Ids, hashes: Ids, start: int = 0) -> None:
+        """Make computed full blocks ``blocks[start:]`` hittable under their hashes
+        (chained, so distinct); a duplicate of a cached hash stays private, as its
+        twin already serves hits. ``blocks[:start]``: the request's blocks before
+        them, which the chain of block ids logged for lookups starts with."""
+        new_blocks, new_hashes = blocks[start:], hashes[start:]
+        if not len(new_blocks):
             return
-        new = self._index.find(hashes) < 0
+        self._log_chain(blocks, start)
+        new = self._index.find(new_hashes) < 0
         if not new.all():
-            blocks, hashes = blocks[new], hashes[new]
-            if not len(blocks):
+            new_blocks, new_hashes = new_blocks[new], new_hashes[new]
+            if not len(new_blocks):
                 return
-        self._index.insert(hashes, blocks)
-        self._hash[blocks] = hashes
-        self._hashed[blocks] = True
+        self._index.insert(new_hashes, new_blocks)
+        self._hash[new_blocks] = new_hashes
+        self._hashed[new_blocks] = True
         self.version += 1
         if self.host:
             pop = self.host.pop
-            for h in hashes.tolist():
+            for h in new_hashes.tolist():
                 pop(h, None)
 
     def load_from_host(
@@ -274,7 +312,7 @@ class BlockPool:
         dropped = len(self.host)
         self.version += 1
         gone = np.flatnonzero((self._ref == 0) & self._hashed)
-        self._index.delete(self._hash[gone])
+        self._index.remove(gone)
         self._hashed[gone] = False
         self.host.clear()
         return dropped + len(gone)
@@ -300,7 +338,7 @@ class BlockPool:
 
     def _evict(self, blocks: Ids) -> None:
         hashes = self._hash[blocks]
-        self._index.delete(hashes)
+        self._index.remove(blocks)
         self._hashed[blocks] = False
         self.evictions += len(blocks)
         self.version += 1
@@ -310,6 +348,27 @@ class BlockPool:
                 host[h] = None
             while len(host) > self.host_capacity:
                 host.popitem(last=False)
+
+    def _log_chain(self, blocks: Ids, start: int) -> None:
+        """Log ``blocks``' chain: only ``blocks[start:]`` when the log already ends
+        with ``blocks[:start]`` (the request's previous chunk), else all of it."""
+        n = self._chains_len
+        chains = self._chains
+        if not (start and n and chains[n - 1] == blocks[start - 1]):
+            start = 0
+        run = blocks[start:]
+        if n + len(run) > len(chains):
+            # Keep each block's latest place only, in order.
+            live = np.flatnonzero(self._where[chains[:n]] == np.arange(n))
+            kept = chains[live]
+            n = len(kept)
+            if n + len(run) > len(chains):
+                self._chains = chains = np.zeros(2 * (n + len(run)), np.int64)
+            chains[:n] = kept
+            self._where[kept] = np.arange(n)
+        chains[n : n + len(run)] = run
+        self._where[run] = np.arange(n, n + len(run))
+        self._chains_len = n + len(run)
 
     def _compact(self, extra: int) -> None:
         """Drop the log's dead entries to make room for ``extra`` more."""

@@ -349,7 +349,7 @@ class Scheduler:
         if full > req.cached_blocks:
             start, end = req.cached_blocks, min(full, len(req.hash_ids))
             if end > start:
-                self.pool.cache_run(req.blocks[start:end], req.hash_ids[start:end])
+                self.pool.cache_run(req.blocks[:end], req.hash_ids[:end], start)
             req.cached_blocks = full
 
     def _preempt(self, req: CoreRequest) -> None:

@@ -79,11 +79,10 @@ class PromptHashes:
         common = 0
         arr = np.frombuffer(ids, dtype=np.uint8)
         for seen in self._seen.get(key):
-            m = min(len(ids), len(seen.ids))
-            diff = np.flatnonzero(arr[:m] != np.frombuffer(seen.ids, np.uint8, m))
-            n = int(diff[0]) if len(diff) else m
-            if n > common:
-                best, common = seen, n
+            if len(seen.ids) > common:
+                n = _common_prefix(ids, seen.ids)
+                if n > common:
+                    best, common = seen, n
         # Blocks whose closing comma lies in the common prefix are the same tokens.
         reuse = 0 if best is None else int(np.searchsorted(best.ends, common))
         if best is not None and reuse:
@@ -112,3 +111,25 @@ class PromptHashes:
         self._seen.add(key, _Seen(ids, hashes, ends))
         rest = body[:start] + b"0" + body[end:]
         return HashedPrompt(rest, reuse * bs + len(tail), hashes)
+
+
+_CHUNK = 1 << 16
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """Length of the common prefix of ``a`` and ``b``: memcmp over chunks
+    (``startswith`` at an offset copies nothing), numpy inside the first that
+    differs."""
+    m = min(len(a), len(b))
+    view = memoryview(b)
+    if a.startswith(view[:m]):
+        return m
+    at = 0
+    while a.startswith(view[at : at + _CHUNK], at):
+        at += _CHUNK
+    end = min(m, at + _CHUNK)
+    diff = np.flatnonzero(
+        np.frombuffer(a, np.uint8, end - at, at)
+        != np.frombuffer(b, np.uint8, end - at, at)
+    )
+    return at + int(diff[0]) if len(diff) else end
