@@ -44,11 +44,11 @@ def as_ids(values: Sequence[int] | Ids) -> Ids:
 class _HashTable:
     """The prefix cache's index: int64 keys (block hashes) to values (block ids
     ``0 .. max_keys - 1``), by open addressing with linear probing, most operations
-    on a whole array of keys at once. At most a quarter of the slots are used (live
-    keys and tombstones), an eighth live: a probe reads about one slot."""
+    on a whole array of keys at once. At most half the slots are used (live keys and
+    tombstones), a quarter live: a probe reads one or two slots."""
 
     def __init__(self, max_keys: int) -> None:
-        bits = max(4, (8 * max_keys - 1).bit_length())
+        bits = max(4, (4 * max_keys - 1).bit_length())
         self._bits = bits
         self._shift = np.uint64(64 - bits)
         self._mask = (1 << bits) - 1
@@ -56,7 +56,7 @@ class _HashTable:
         self.vals = np.full(1 << bits, _EMPTY, np.int32)
         self.slot_of = np.zeros(max_keys, np.intp)  # a live value's slot
         self._used = 0  # slots not _EMPTY (live keys and tombstones)
-        self._limit = (1 << bits) // 4
+        self._limit = (1 << bits) // 2
 
     def _home(self, keys: Ids) -> npt.NDArray[np.intp]:
         return ((keys.view(np.uint64) * _GOLDEN) >> self._shift).astype(np.intp)
@@ -161,7 +161,7 @@ class BlockPool:
         # Chains of block ids as requests hold them, newest last: a lookup follows
         # a chain from one probe and checks it against the hashes, rather than
         # probing the index for every block. ``_where``: a block's latest place.
-        self._chains = np.zeros(4 * num_blocks + 1024, np.int64)
+        self._chains = np.zeros(3 * num_blocks + 1024, np.int64)
         self._chains_len = 0
         self._where = np.full(num_blocks, -1, np.int64)
         self.host: OrderedDict[int, None] = OrderedDict()
