@@ -14,6 +14,7 @@ Ids = npt.NDArray[np.int64]  # block ids, or chained block hashes
 
 _NONE: Ids = np.zeros(0, np.int64)
 _EMPTY, _GONE = -1, -2  # a hash table slot never used; one whose key was deleted
+_FEW = 16  # probes left to a batch: finished one by one, cheaper than array calls
 _GOLDEN_INT = 0x9E3779B97F4A7C15  # Fibonacci hashing spreads any int keys
 _GOLDEN = np.uint64(_GOLDEN_INT)
 _M64 = (1 << 64) - 1
@@ -69,15 +70,20 @@ class _HashTable:
         tvals, tkeys, mask = self.vals, self.keys, self._mask
         at = self._home(keys)
         todo = np.arange(len(keys))
-        while True:
+        while len(todo) > _FEW:
             v = tvals.take(at)
             hit = (v >= 0) & (tkeys.take(at) == keys)
             out[todo[hit]] = at[hit]
             # A miss ends at a never-used slot.
             go = (v != _EMPTY) & ~hit
-            if not go.any():
-                return out
             todo, keys, at = todo[go], keys[go], (at[go] + 1) & mask
+        for i, key, slot in zip(todo.tolist(), keys.tolist(), at.tolist(), strict=True):
+            while (val := int(tvals[slot])) != _EMPTY:
+                if val >= 0 and int(tkeys[slot]) == key:
+                    out[i] = slot
+                    break
+                slot = (slot + 1) & mask
+        return out
 
     def find_one(self, key: int) -> int:
         """One key's value, or -1 (the same probe as :meth:`find`, in Python)."""
@@ -97,7 +103,7 @@ class _HashTable:
             self._rebuild()
         tvals, tkeys, mask = self.vals, self.keys, self._mask
         at = self._home(keys)
-        while len(keys):
+        while len(keys) > _FEW:
             open_ = np.flatnonzero(tvals.take(at) < 0)
             # Of the keys probing one open slot, the first takes it; the rest go on.
             slots, first = np.unique(at[open_], return_index=True)
@@ -109,6 +115,14 @@ class _HashTable:
             left = np.ones(len(keys), bool)
             left[won] = False
             keys, vals, at = keys[left], vals[left], (at[left] + 1) & mask
+        for key, val, slot in zip(
+            keys.tolist(), vals.tolist(), at.tolist(), strict=True
+        ):
+            while (v := int(tvals[slot])) >= 0:
+                slot = (slot + 1) & mask
+            self._used += v == _EMPTY
+            tkeys[slot], tvals[slot] = key, val
+            self.slot_of[val] = slot
 
     def remove(self, vals: Ids) -> None:
         """Remove the keys of live values (their slots become tombstones)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from replayer.sim.cache import BlockPool, Ids, as_ids, block_hashes
+from replayer.sim.cache import BlockPool, Ids, _HashTable, as_ids, block_hashes
 from replayer.sim.config import SimConfig
 from replayer.sim.core import CoreRequest, Scheduler
 
@@ -257,3 +257,32 @@ def test_array_pool_lookups_equal_reference_under_random_operations() -> None:
             assert list(pools[0].host) == list(pools[1].host)
             if rng.random() < 0.02:
                 assert pools[0].reset() == pools[1].reset()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_index_finds_what_a_dict_holds_through_inserts_and_removals(seed: int) -> None:
+    """The prefix cache's index (batches past and under its one-by-one threshold,
+    tombstones, rebuilds) against a dict."""
+    rng = random.Random(seed)
+    size = 3000
+    index = _HashTable(size)
+    truth: dict[int, int] = {}
+    free = list(range(size))
+    for _ in range(400):
+        if truth and rng.random() < 0.4:
+            gone = rng.sample(sorted(truth), min(len(truth), rng.randrange(1, 300)))
+            index.remove(as_ids([truth[k] for k in gone]))
+            for k in gone:
+                free.append(truth.pop(k))
+        else:
+            n = min(len(free), rng.randrange(1, 300))
+            keys = {rng.randrange(-(2**63), 2**63) for _ in range(n)} - truth.keys()
+            vals = [free.pop() for _ in keys]
+            index.insert(as_ids(list(keys)), as_ids(vals))
+            truth.update(zip(keys, vals, strict=True))
+        probe = rng.sample(sorted(truth), min(len(truth), 100))
+        probe += [rng.randrange(-(2**63), 2**63) for _ in range(rng.randrange(1, 40))]
+        slots = index.find(as_ids(probe))
+        got = [int(index.vals[s]) if s >= 0 else -1 for s in slots.tolist()]
+        assert got == [truth.get(k, -1) for k in probe]
+        assert [index.find_one(k) for k in probe[:20]] == got[:20]
