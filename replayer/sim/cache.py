@@ -46,7 +46,8 @@ class _HashTable:
     """The prefix cache's index: int64 keys (block hashes) to values (block ids
     ``0 .. max_keys - 1``), by open addressing with linear probing, most operations
     on a whole array of keys at once. At most half the slots are used (live keys and
-    tombstones), a quarter live: a probe reads one or two slots."""
+    tombstones, which a rebuild clears), a quarter live: a probe reads one or two
+    slots."""
 
     def __init__(self, max_keys: int) -> None:
         bits = max(4, (4 * max_keys - 1).bit_length())
@@ -97,32 +98,48 @@ class _HashTable:
                 return v
             at = (at + 1) & mask
 
-    def insert(self, keys: Ids, vals: Ids) -> None:
-        """Add keys known to be absent and distinct, with distinct values."""
+    def add(self, keys: Ids, vals: Ids) -> npt.NDArray[np.bool_]:
+        """Add distinct keys with distinct values, but for keys already present
+        (they keep theirs); which were added. A key goes to the first never-used
+        slot of its probe (tombstones are reclaimed by rebuilding), so the probe that
+        places it also finds it if present."""
         if self._used + len(keys) > self._limit:
             self._rebuild()
+        added = np.zeros(len(keys), bool)
         tvals, tkeys, mask = self.vals, self.keys, self._mask
         at = self._home(keys)
-        while len(keys) > _FEW:
-            open_ = np.flatnonzero(tvals.take(at) < 0)
-            # Of the keys probing one open slot, the first takes it; the rest go on.
-            slots, first = np.unique(at[open_], return_index=True)
-            won = open_[first]
-            self._used += int(np.count_nonzero(tvals[slots] == _EMPTY))
-            tkeys[slots] = keys[won]
-            tvals[slots] = vals[won]
-            self.slot_of[vals[won]] = slots
-            left = np.ones(len(keys), bool)
-            left[won] = False
-            keys, vals, at = keys[left], vals[left], (at[left] + 1) & mask
-        for key, val, slot in zip(
-            keys.tolist(), vals.tolist(), at.tolist(), strict=True
+        todo = np.arange(len(keys))
+        while len(todo) > _FEW:
+            v = tvals.take(at)
+            present = (v >= 0) & (tkeys.take(at) == keys)
+            empty = np.flatnonzero(v == _EMPTY)
+            # Keys reaching one empty slot all write it; the one read back took it,
+            # the rest go on.
+            slots, claim = at[empty], keys[empty]
+            tkeys[slots] = claim
+            won = empty[tkeys.take(slots) == claim]
+            slots, won_vals = at[won], vals[won]
+            tvals[slots] = won_vals
+            self.slot_of[won_vals] = slots
+            self._used += len(won)
+            added[todo[won]] = True
+            present[won] = True  # done
+            left = ~present
+            todo, keys, vals = todo[left], keys[left], vals[left]
+            at = (at[left] + 1) & mask
+        for i, key, val, slot in zip(
+            todo.tolist(), keys.tolist(), vals.tolist(), at.tolist(), strict=True
         ):
-            while (v := int(tvals[slot])) >= 0:
+            while (v1 := int(tvals[slot])) != _EMPTY:
+                if v1 >= 0 and int(tkeys[slot]) == key:
+                    break
                 slot = (slot + 1) & mask
-            self._used += v == _EMPTY
-            tkeys[slot], tvals[slot] = key, val
-            self.slot_of[val] = slot
+            else:
+                tkeys[slot], tvals[slot] = key, val
+                self.slot_of[val] = slot
+                self._used += 1
+                added[i] = True
+        return added
 
     def remove(self, vals: Ids) -> None:
         """Remove the keys of live values (their slots become tombstones)."""
@@ -133,7 +150,7 @@ class _HashTable:
         keys, vals = self.keys[live], self.vals[live].astype(np.int64)
         self.vals.fill(_EMPTY)
         self._used = 0
-        self.insert(keys, vals)
+        self.add(keys, vals)
 
 
 class BlockPool:
@@ -276,12 +293,11 @@ class BlockPool:
         if not len(new_blocks):
             return
         self._log_chain(blocks, start)
-        new = self._index.find(new_hashes) < 0
+        new = self._index.add(new_hashes, new_blocks)
         if not new.all():
             new_blocks, new_hashes = new_blocks[new], new_hashes[new]
             if not len(new_blocks):
                 return
-        self._index.insert(new_hashes, new_blocks)
         self._hash[new_blocks] = new_hashes
         self._hashed[new_blocks] = True
         self.version += 1

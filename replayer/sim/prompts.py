@@ -24,9 +24,14 @@ _NONE: Ids = np.zeros(0, np.int64)
 
 @dataclass(slots=True)
 class _Seen:
-    ids: bytes  # the bytes between "prompt":[ and ]
+    body: bytes  # the request body (kept whole: cutting its ids out is a copy)
+    start: int  # its ids are body[start:end], between "prompt":[ and ]
+    end: int
     hashes: Ids  # chained hashes of its full blocks
-    ends: Ids  # byte offset in ``ids`` of the comma after each full block
+    ends: Ids  # offset in the ids of the comma after each full block
+
+    def ids(self) -> memoryview:
+        return memoryview(self.body)[self.start : self.end]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +58,7 @@ class PromptHashes:
         self.block_size = block_size
         self.max_bytes = max_bytes
         self._seen: RecentByKey[bytes, _Seen] = RecentByKey(
-            _PER_KEY, max_bytes, lambda seen: len(seen.ids)
+            _PER_KEY, max_bytes, lambda seen: len(seen.body)
         )
         self.reused_blocks = 0
         self.hashed_blocks = 0
@@ -72,15 +77,15 @@ class PromptHashes:
         end = body.find(b"]", start)
         if end < 0 or start == end or not body[start : start + 1].isdigit():
             return None
-        ids = body[start:end]
-        key = ids[:_KEY_BYTES]
+        size = end - start
+        key = body[start : min(end, start + _KEY_BYTES)]
         bs = self.block_size
         best: _Seen | None = None
         common = 0
-        arr = np.frombuffer(ids, dtype=np.uint8)
+        arr = np.frombuffer(body, np.uint8, size, start)
         for seen in self._seen.get(key):
-            if len(seen.ids) > common:
-                n = _common_prefix(ids, seen.ids)
+            if seen.end - seen.start > common:
+                n = _common_prefix(body, start, end, seen.ids())
                 if n > common:
                     best, common = seen, n
         # Blocks whose closing comma lies in the common prefix are the same tokens.
@@ -92,7 +97,7 @@ class PromptHashes:
         else:
             old, old_ends, tail_at, parent = _NONE, _NONE, 0, 0
         try:
-            tail = orjson.loads(b"[" + ids[tail_at:] + b"]")
+            tail = orjson.loads(b"[" + body[start + tail_at : end] + b"]")
         except orjson.JSONDecodeError:
             return None
         if set(map(type, tail)) != {int} or min(tail) < 0:
@@ -104,11 +109,11 @@ class PromptHashes:
             commas = np.flatnonzero(arr[tail_at:] == _COMMA)
             new_ends = commas[bs - 1 :: bs][: len(new)] + tail_at
             if len(new_ends) < len(new):  # the last block ends the prompt: no comma
-                new_ends = np.append(new_ends, len(ids))
+                new_ends = np.append(new_ends, size)
             ends = np.concatenate((old_ends, new_ends.astype(np.int64)))
         self.reused_blocks += reuse
         self.hashed_blocks += len(new)
-        self._seen.add(key, _Seen(ids, hashes, ends))
+        self._seen.add(key, _Seen(body, start, end, hashes, ends))
         rest = body[:start] + b"0" + body[end:]
         return HashedPrompt(rest, reuse * bs + len(tail), hashes)
 
@@ -116,20 +121,19 @@ class PromptHashes:
 _CHUNK = 1 << 16
 
 
-def _common_prefix(a: bytes, b: bytes) -> int:
-    """Length of the common prefix of ``a`` and ``b``: memcmp over chunks
+def _common_prefix(a: bytes, start: int, end: int, b: memoryview) -> int:
+    """Length of the common prefix of ``a[start:end]`` and ``b``: memcmp over chunks
     (``startswith`` at an offset copies nothing), numpy inside the first that
     differs."""
-    m = min(len(a), len(b))
-    view = memoryview(b)
-    if a.startswith(view[:m]):
+    m = min(end - start, len(b))
+    if a.startswith(b[:m], start):
         return m
     at = 0
-    while a.startswith(view[at : at + _CHUNK], at):
+    while a.startswith(b[at : at + _CHUNK], start + at, end):
         at += _CHUNK
-    end = min(m, at + _CHUNK)
+    stop = min(m, at + _CHUNK)
     diff = np.flatnonzero(
-        np.frombuffer(a, np.uint8, end - at, at)
-        != np.frombuffer(b, np.uint8, end - at, at)
+        np.frombuffer(a, np.uint8, stop - at, start + at)
+        != np.frombuffer(b, np.uint8, stop - at, at)
     )
-    return at + int(diff[0]) if len(diff) else end
+    return at + int(diff[0]) if len(diff) else stop

@@ -278,7 +278,12 @@ def test_index_finds_what_a_dict_holds_through_inserts_and_removals(seed: int) -
             n = min(len(free), rng.randrange(1, 300))
             keys = {rng.randrange(-(2**63), 2**63) for _ in range(n)} - truth.keys()
             vals = [free.pop() for _ in keys]
-            index.insert(as_ids(list(keys)), as_ids(vals))
+            # Some keys again: they keep their values.
+            again = rng.sample(sorted(truth), min(len(truth), rng.randrange(0, 40)))
+            added = index.add(
+                as_ids([*keys, *again]), as_ids([*vals, *range(len(again))])
+            )
+            assert added.tolist() == [True] * len(keys) + [False] * len(again)
             truth.update(zip(keys, vals, strict=True))
         probe = rng.sample(sorted(truth), min(len(truth), 100))
         probe += [rng.randrange(-(2**63), 2**63) for _ in range(rng.randrange(1, 40))]
