@@ -32,11 +32,12 @@ from replayer.sim.cache import Ids, as_ids, block_hashes
 from replayer.sim.config import SimConfig
 from replayer.sim.core import CoreRequest
 from replayer.sim.dice import roll
-from replayer.sim.prompts import PromptHashes
+from replayer.sim.prompts import ChatHashes, PromptHashes
 from replayer.sim.protocol import (
     ApiError,
     GenerateRequest,
     Kind,
+    chat_messages,
     check_request,
     load_body,
     parse_request,
@@ -117,6 +118,7 @@ class VirtualClient:
         self.rng = random.Random(config.seed)
         self.requests = 0
         self.prompts = PromptHashes(config.block_size)
+        self.chats = ChatHashes(config.block_size)
 
     async def check(self) -> list[str] | None:
         return None if self.config.accept_any_model else [self.config.model]
@@ -172,6 +174,10 @@ class VirtualClient:
         """The request as the simulator parses it, its prompt's length and block
         hashes; a token-id prompt is hashed only past what a recent one shared."""
         cfg = self.config
+        if self.kind == "chat":
+            data = load_body(body)
+            tokens, hashes = self.chats.hash(chat_messages(data, cfg))
+            return check_request(data, self.kind, cfg, [], tokens), tokens, hashes
         if self.kind == "completions":
             split = self.prompts.split(body)
             if split is not None:

@@ -1,11 +1,14 @@
-"""Block hashes of completion prompts sent as token ids, computed only for what is new
-since a recent prompt with the same start: a session's next turn re-sends its whole
-history, and the virtual engine would otherwise parse and hash it again. See
-docs/engine-model.md."""
+"""Block hashes of prompts computed only for what is new since a recent prompt with
+the same start: a session's next turn re-sends its whole history, and the virtual
+engine would otherwise parse (token ids) or tokenize (chat messages) and hash it
+again. See docs/engine-model.md."""
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+from itertools import accumulate, chain
+from typing import Any
 
 import numpy as np
 import orjson
@@ -13,12 +16,14 @@ import orjson
 from replayer.sim.cache import Ids, as_ids, block_hashes
 from replayer.sim.protocol import ApiError
 from traces.recent import RecentByKey
+from traces.textrule import chat_to_token_ids
 
 _OPEN = b'"prompt":['
 _COMMA = ord(",")
 # Prompts whose first bytes agree are compared in full: a tree's sessions share them.
 _KEY_BYTES = 512
 _PER_KEY = 4  # recent prompts kept per key (a root and its subagents interleave)
+_MARKED = 3  # a chat prompt is found by its last few messages
 _NONE: Ids = np.zeros(0, np.int64)
 
 
@@ -116,6 +121,75 @@ class PromptHashes:
         self._seen.add(key, _Seen(body, start, end, hashes, ends))
         rest = body[:start] + b"0" + body[end:]
         return HashedPrompt(rest, reuse * bs + len(tail), hashes)
+
+
+@dataclass(slots=True)
+class _SeenChat:
+    marks: list[int]  # per message, a hash of its role and content
+    ends: list[int]  # tokens through each message
+    hashes: Ids
+
+
+class ChatHashes:
+    """Token count and chained block hashes of a chat prompt, tokenizing (by the
+    shared text rule) and hashing only past the whole blocks of the longest recent
+    prompt it shares whole messages with (a session's previous turn). Equal to
+    ``block_hashes(chat_to_token_ids(messages))``; messages are told apart by a
+    64-bit hash of role and content, as blocks are by their chained hashes. Holds
+    at most ``max_bytes`` of recent prompts' marks and hashes (least recent out)."""
+
+    def __init__(self, block_size: int, max_bytes: int = 64 << 20) -> None:
+        self.block_size = block_size
+        # Keyed by (n, the n-th message's mark) for its last few n: a prompt that
+        # shares an entry's first n messages has that same mark at that same place
+        # (the next turn re-sends all but, often, the last: its unhashed tail).
+        self._seen: RecentByKey[tuple[int, int], _SeenChat] = RecentByKey(
+            1, max_bytes, lambda seen: 16 * len(seen.marks) + seen.hashes.nbytes
+        )
+        self.reused_blocks = 0
+        self.hashed_blocks = 0
+
+    def hash(self, messages: list[dict[str, Any]]) -> tuple[int, Ids]:
+        """(tokens, block hashes) of checked ``messages`` (:func:`chat_messages`)."""
+        marks = list(map(_mark, messages))
+        best: _SeenChat | None = None
+        common = 0  # whole messages in common
+        for n in range(len(marks), 0, -1):
+            for seen in self._seen.get((n, marks[n - 1])):
+                if seen.marks[:n] == marks[:n]:
+                    best, common = seen, n
+                    break
+            if best is not None:
+                break
+        bs = self.block_size
+        reuse = 0
+        if best is not None:
+            reuse = min(best.ends[common - 1] // bs, len(best.hashes))
+        at = reuse * bs
+        # From the message holding token ``at`` on (those before it are common).
+        first = 0 if best is None else bisect.bisect_right(best.ends, at)
+        done = best.ends[first - 1] if best is not None and first else 0
+        ids = [chat_to_token_ids([m]) for m in messages[first:]]
+        ends = [] if best is None else best.ends[:first]
+        ends += accumulate(map(len, ids), initial=done)
+        del ends[first]  # the initial value
+        tail = list(chain.from_iterable(ids))[at - done :]
+        old = _NONE if best is None else best.hashes[:reuse]
+        new = block_hashes(tail, bs, int(old[-1]) if reuse else 0)
+        hashes = np.concatenate((old, as_ids(new))) if new else old
+        self.reused_blocks += reuse
+        self.hashed_blocks += len(new)
+        seen = _SeenChat(marks, ends, hashes)
+        for n in range(len(marks), max(0, len(marks) - _MARKED), -1):
+            self._seen.add((n, marks[n - 1]), seen)
+        return ends[-1], hashes
+
+
+def _mark(message: dict[str, Any]) -> int:
+    content = message.get("content")
+    if isinstance(content, str):
+        return hash((message.get("role"), content))
+    return hash(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
 
 
 _CHUNK = 1 << 16
