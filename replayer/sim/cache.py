@@ -31,8 +31,9 @@ def block_hashes(
     a signed 64-bit int (never -1), so a prompt's hashes fit an int64 array.
     """
     hashes: list[int] = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash((parent, tuple(token_ids[start : start + block_size])))
+    # zip of one iterator block_size times: the full blocks as tuples, in C.
+    for block in zip(*[iter(token_ids)] * block_size):
+        parent = hash((parent, block))
         hashes.append(parent)
     return hashes
 
