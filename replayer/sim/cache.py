@@ -31,8 +31,9 @@ def block_hashes(
     a signed 64-bit int (never -1), so a prompt's hashes fit an int64 array.
     """
     hashes: list[int] = []
-    # zip of one iterator block_size times: the full blocks as tuples, in C.
-    for block in zip(*[iter(token_ids)] * block_size):
+    # zip of one iterator block_size times: the full blocks as tuples, in C (a
+    # partial tail is dropped).
+    for block in zip(*[iter(token_ids)] * block_size, strict=False):
         parent = hash((parent, block))
         hashes.append(parent)
     return hashes

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from replayer.sim.cache import BlockPool, Ids, as_ids
 from replayer.sim.config import SimConfig
@@ -223,6 +224,28 @@ class Scheduler:
         """The step-time model: a step with ``decode`` decoding sequences reading
         ``context`` KV tokens, ``prefill`` prompt tokens computed, hits loaded from
         either tier and ``new`` requests scheduled for the first time."""
+        duration: float = self._step_us(
+            decode, context, prefill, gpu_hit, host_hit, new
+        )
+        return duration
+
+    def decode_durations_us(
+        self, decode: int, contexts: Ids
+    ) -> npt.NDArray[np.float64]:
+        """:meth:`step_duration_us` of pure decode steps, one per context total
+        (the same formula, on an array: the same floats)."""
+        durations: npt.NDArray[np.float64] = self._step_us(decode, contexts)
+        return durations
+
+    def _step_us(
+        self,
+        decode: int,
+        context: Any,
+        prefill: int = 0,
+        gpu_hit: int = 0,
+        host_hit: int = 0,
+        new: int = 0,
+    ) -> Any:
         cfg = self.config
         return (
             1000.0 * (cfg.decode_base_ms + cfg.decode_per_seq_ms * decode)
