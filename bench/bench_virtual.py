@@ -2,10 +2,11 @@
 same replay would take live (the modeled run's own duration: a live run against a
 server that behaves as the model does lasts that long).
 
-    python bench/bench_virtual.py [--quick]
+    python bench/bench_virtual.py [--reps 3] [--quick] [--no-agentx]
 
-Cases (each a real `replayer` subprocess pinned to one core; wall time and peak RSS
-of that process, median of --reps):
+Cases (each a real `replayer` subprocess pinned to one core; its CPU time, user +
+sys, which a shared machine disturbs less than wall time, its wall time and its
+peak RSS; medians of --reps):
   1. the shared Weka sample (3,004 requests, subagents), --concurrency 16, --think-scale 0;
   2. `capacity --virtual` on it, --slo ttft=2s, 60 s cells;
   3. the agentx preset (`generate --preset agentx`, its Parquet store), --concurrency
@@ -19,31 +20,47 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPLAYER = str(Path(sys.executable).with_name("replayer"))
 WEKA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "weka"
 
 
-def _measured(cmd: list[str]) -> tuple[float, float, str]:
-    """(wall s, peak RSS MB of the child, stderr) of one pinned subprocess."""
+@dataclass(frozen=True)
+class Measure:
+    cpu_s: float  # user + sys of the child
+    wall_s: float
+    rss_mb: float  # the child's own peak (wait4's rusage, not the children's max)
+
+
+def _measured(cmd: list[str]) -> Measure:
+    """One pinned subprocess, measured."""
     pin = ["taskset", "-c", "1"] if os.cpu_count() and os.cpu_count() > 1 else []
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    t0 = time.perf_counter()
-    proc = subprocess.run([*pin, *cmd], capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    # ru_maxrss of children is the largest so far: a smaller later child shows as
-    # the earlier peak, so each case runs its largest configuration first.
-    return wall, max(peak, before) / 1024, proc.stderr
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([*pin, *cmd], stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            err.seek(0)
+            tail = err.read()[-2000:].decode(errors="replace")
+            sys.exit(f"failed ({code}): {' '.join(cmd)}\n{tail}")
+    return Measure(usage.ru_utime + usage.ru_stime, wall, usage.ru_maxrss / 1024)
+
+
+def _median(runs: list[Measure]) -> Measure:
+    return Measure(
+        statistics.median(m.cpu_s for m in runs),
+        statistics.median(m.wall_s for m in runs),
+        max(m.rss_mb for m in runs),
+    )
 
 
 def _modeled_s(run_dir: Path) -> float:
@@ -62,38 +79,32 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        rows: list[tuple[str, float, float, float, str]] = []
+        rows: list[tuple[str, Measure, float, str]] = []
 
-        walls, rss, modeled = [], 0.0, 0.0
+        runs, modeled = [], 0.0
         for k in range(args.reps):
             out = work / f"weka{k}"
-            wall, peak, _ = _measured([
+            runs.append(_measured([
                 REPLAYER, "run", str(WEKA), "--concurrency", "16", "--think-scale",
                 "0", "--virtual", "sim", "--quiet", "--out", str(out),
-            ])  # fmt: skip
-            walls.append(wall)
-            rss = max(rss, peak)
+            ]))  # fmt: skip
             modeled = _modeled_s(out)
-        rows.append(
-            ("Weka sample, c16", statistics.median(walls), rss, modeled, "10 s")
-        )
+        rows.append(("Weka sample, c16", _median(runs), modeled, "10 s"))
 
-        walls = []
-        cells = 0
+        runs, cells, live = [], 0, 0.0
         for k in range(args.reps):
             out = work / f"cap{k}"
-            wall, _, _ = _measured([
+            runs.append(_measured([
                 REPLAYER, "capacity", str(WEKA), "--virtual", "sim", "--think-scale",
                 "0", "--slo", "ttft=2s", "--duration", "60", "--quiet", "--out",
                 str(out), "--json",
-            ])  # fmt: skip
-            walls.append(wall)
+            ]))  # fmt: skip
             doc = json.loads((out / "capacity.json").read_text())
             cells = len(doc["cells"])
             live = sum(c["duration_s"] for c in doc["cells"])
         rows.append((
-            f"capacity --virtual, Weka ({cells} cells of 60 s)",
-            statistics.median(walls), float("nan"), live, "60 s",
+            f"capacity --virtual, Weka ({cells} cells of 60 s)", _median(runs), live,
+            "60 s",
         ))  # fmt: skip
 
         _print(rows)
@@ -106,31 +117,33 @@ def main() -> None:
             [REPLAYER, "generate", "--preset", "agentx", "--out", str(trace)],
             check=True, capture_output=True,
         )  # fmt: skip
-        out = work / "agentx"
-        wall, peak, _ = _measured([
-            REPLAYER, "run", str(trace), "--concurrency", str(lanes), "--virtual",
-            "sim", "--profile", "agentx", "--quiet", "--out", str(out),
-        ])  # fmt: skip
+        runs = []
+        for k in range(args.reps):
+            out = work / f"agentx{k}"
+            runs.append(_measured([
+                REPLAYER, "run", str(trace), "--concurrency", str(lanes), "--virtual",
+                "sim", "--profile", "agentx", "--quiet", "--out", str(out),
+            ]))  # fmt: skip
         rows.append((
-            f"agentx preset, c{lanes}, --profile agentx", wall, peak,
+            f"agentx preset, c{lanes}, --profile agentx", _median(runs),
             _modeled_s(out), "5 min, 1 GB",
         ))  # fmt: skip
 
-    _print(rows[-1:])
+    _print(rows[-1:], header=False)
 
 
-def _print(rows: list[tuple[str, float, float, float, str]]) -> None:
-    if rows and rows[0][0].startswith("Weka"):
+def _print(rows: list[tuple[str, Measure, float, str]], header: bool = True) -> None:
+    if header:
         print()
         print(
-            "| case | virtual wall | peak RSS | live wall (modeled) | speed-up | goal |"
+            "| case | CPU (user+sys) | wall | peak RSS | live wall (modeled) "
+            "| speed-up | goal |"
         )
-        print("|---|---:|---:|---:|---:|---|")
-    for name, wall, peak, live, goal in rows:
-        mem = "-" if peak != peak else f"{peak:,.0f} MB"
+        print("|---|---:|---:|---:|---:|---:|---|")
+    for name, m, live, goal in rows:
         print(
-            f"| {name} | {wall:,.1f} s | {mem} | {live:,.0f} s | {live / wall:,.0f}× "
-            f"| {goal} |",
+            f"| {name} | {m.cpu_s:,.1f} s | {m.wall_s:,.1f} s | {m.rss_mb:,.0f} MB "
+            f"| {live:,.0f} s | {live / m.cpu_s:,.0f}× | {goal} |",
             flush=True,
         )
 

@@ -64,7 +64,8 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
             problems.append(Problem(path=path, reason="empty file"))
             return [], "weka"
         first_line = head[1].strip()
-        if looks_like_burstgpt(first_line):
+        # A JSON first line (a whole Weka session, ~1 MB) is no CSV header: not split.
+        if first_line[:1] not in (b"{", b"[") and looks_like_burstgpt(first_line):
             return _parse_other(read_burstgpt, path, problems), "burstgpt"
         try:
             first = orjson.loads(first_line)

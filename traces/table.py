@@ -141,6 +141,9 @@ def _request(
     return r
 
 
+_BUILT_ROWS = 256
+
+
 def _no_extra() -> dict[int, Mapping[str, Any]]:
     return {}
 
@@ -182,6 +185,8 @@ class RequestTable:
     extra: Mapping[int, Mapping[str, Any]] = field(default_factory=_no_extra)
     # Rows whose extra is not empty, sorted (derived from ``extra``).
     extra_rows: IntArray = field(init=False, repr=False)
+    # The last rows built by ``request`` (a replay asks for one row several times).
+    _built: dict[int, Request] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in (*_NUMERIC, *_OPTIONAL, "ids_offset", "n_blocks"):
@@ -192,6 +197,7 @@ class RequestTable:
         object.__setattr__(self, "blocks", frozen(self.blocks, np.int64))
         rows = sorted(i for i, e in self.extra.items() if e)
         object.__setattr__(self, "extra_rows", frozen(rows, np.int64))
+        object.__setattr__(self, "_built", {})
         n = self.input_tokens.size
         sizes = {getattr(self, name).size for name in (*_NUMERIC, *_OPTIONAL)}
         sizes |= {len(getattr(self, name)) for name in _LABELS}
@@ -214,8 +220,15 @@ class RequestTable:
         return self.blocks[off : off + int(self.n_blocks[i])]
 
     def request(self, i: int) -> Request:
-        """Row ``i`` as a :class:`Request` (built on each call)."""
-        return next(self.requests(i, i + 1))
+        """Row ``i`` as a :class:`Request` (a frozen value: the last few built are
+        kept and handed out again)."""
+        built = self._built
+        req = built.get(i)
+        if req is None:
+            req = built[i] = next(self.requests(i, i + 1))
+            if len(built) > _BUILT_ROWS:
+                del built[next(iter(built))]
+        return req
 
     def requests(self, start: int, stop: int) -> Iterator[Request]:
         """Rows [start, stop) as :class:`Request` objects, built one by one as the

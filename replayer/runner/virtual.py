@@ -28,15 +28,16 @@ from replayer.records.engine_model import (
 )
 from replayer.runner.local import replay_trace
 from replayer.runner.vloop import VirtualClock, VirtualLoop, run_virtual
-from replayer.sim.cache import block_hashes
+from replayer.sim.cache import Ids, as_ids, block_hashes
 from replayer.sim.config import SimConfig
 from replayer.sim.core import CoreRequest
 from replayer.sim.dice import roll
-from replayer.sim.prompts import PromptHashes
+from replayer.sim.prompts import ChatHashes, PromptHashes
 from replayer.sim.protocol import (
     ApiError,
     GenerateRequest,
     Kind,
+    chat_messages,
     check_request,
     load_body,
     parse_request,
@@ -117,6 +118,7 @@ class VirtualClient:
         self.rng = random.Random(config.seed)
         self.requests = 0
         self.prompts = PromptHashes(config.block_size)
+        self.chats = ChatHashes(config.block_size)
 
     async def check(self) -> list[str] | None:
         return None if self.config.accept_any_model else [self.config.model]
@@ -168,19 +170,23 @@ class VirtualClient:
         out.end_ns = vreq.token_times_ns[-1]
         return out
 
-    def _parse(self, body: bytes) -> tuple[GenerateRequest, int, list[int]]:
+    def _parse(self, body: bytes) -> tuple[GenerateRequest, int, Ids]:
         """The request as the simulator parses it, its prompt's length and block
         hashes; a token-id prompt is hashed only past what a recent one shared."""
         cfg = self.config
+        if self.kind == "chat":
+            data = load_body(body)
+            tokens, hashes = self.chats.hash(chat_messages(data, cfg))
+            return check_request(data, self.kind, cfg, [], tokens), tokens, hashes
         if self.kind == "completions":
             split = self.prompts.split(body)
             if split is not None:
                 data = load_body(split.rest)
                 req = check_request(data, self.kind, cfg, [], split.tokens)
-                return req, split.tokens, split.hashes
+                return req, split.tokens, split.hash_ids
         req = parse_request(body, self.kind, cfg)
         ids = req.prompt_ids
-        return req, len(ids), block_hashes(ids, cfg.block_size)
+        return req, len(ids), as_ids(block_hashes(ids, cfg.block_size))
 
     def _fill(
         self, out: Outcome, vreq: VirtualRequest, max_tokens: int, word_offset: int

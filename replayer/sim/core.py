@@ -5,15 +5,18 @@ docs/engine-model.md."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any
 
-from replayer.sim.cache import Block, BlockPool
+import numpy as np
+import numpy.typing as npt
+
+from replayer.sim.cache import BlockPool, Ids, as_ids
 from replayer.sim.config import SimConfig
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
-_REF = attrgetter("ref")
+_NO_BLOCKS: Ids = np.zeros(0, np.int64)
 
 
 @dataclass(eq=False, slots=True)
@@ -23,7 +26,7 @@ class CoreRequest:
 
     prompt_tokens: int
     output_tokens: int  # planned length: the engine stops exactly here
-    hashes: list[int]  # chained hashes of the prompt's full blocks
+    hashes: Sequence[int] | Ids  # chained hashes of the prompt's full blocks
     handle: Any = None  # the driver's own object for this request
     computed: int = 0
     generated: int = 0
@@ -31,12 +34,19 @@ class CoreRequest:
     host_hit_tokens: int = 0
     preemptions: int = 0
     state: int = WAITING
-    blocks: list[Block] = field(default_factory=list)
+    # The block ids held, in prompt order: the first ``num_blocks`` of ``blocks``
+    # (room for the whole request, so growing is a write, not a copy).
+    blocks: Ids = field(default_factory=lambda: _NO_BLOCKS)
+    num_blocks: int = 0
     cached_blocks: int = 0  # leading blocks already hittable
     admitted: bool = False
     # The last prefix lookup while waiting, and the pool version it was made at.
-    lookup: tuple[list[Block], list[int]] | None = None
+    lookup: tuple[Ids, list[int]] | None = None
     lookup_version: int = -1
+    hash_ids: Ids = field(init=False)  # ``hashes`` as an array
+
+    def __post_init__(self) -> None:
+        self.hash_ids = as_ids(self.hashes)
 
     @property
     def num_tokens(self) -> int:
@@ -45,6 +55,26 @@ class CoreRequest:
     @property
     def finished(self) -> bool:
         return self.state == FINISHED
+
+    def held(self) -> Ids:
+        """The ids of the blocks held, in prompt order."""
+        return self.blocks[: self.num_blocks]
+
+    def hold(self, blocks: Ids) -> None:
+        """Append ``blocks`` to the ones held."""
+        n, end = self.num_blocks, self.num_blocks + len(blocks)
+        if end > len(self.blocks):
+            grown = np.empty(max(end, 2 * len(self.blocks)), np.int64)
+            grown[:n] = self.blocks[:n]
+            self.blocks = grown
+        self.blocks[n:end] = blocks
+        self.num_blocks = end
+
+    def drop_blocks(self) -> Ids:
+        """Forget the blocks held; their ids."""
+        held = self.held()
+        self.blocks, self.num_blocks = _NO_BLOCKS, 0
+        return held
 
 
 @dataclass(slots=True)
@@ -105,8 +135,7 @@ class Scheduler:
             self.waiting.remove(req)
         else:
             self.running.remove(req)
-            self.pool.release(req.blocks)
-            req.blocks = []
+            self.pool.release(req.drop_blocks())
         req.state = FINISHED
 
     def step(self) -> StepResult | None:
@@ -195,6 +224,28 @@ class Scheduler:
         """The step-time model: a step with ``decode`` decoding sequences reading
         ``context`` KV tokens, ``prefill`` prompt tokens computed, hits loaded from
         either tier and ``new`` requests scheduled for the first time."""
+        duration: float = self._step_us(
+            decode, context, prefill, gpu_hit, host_hit, new
+        )
+        return duration
+
+    def decode_durations_us(
+        self, decode: int, contexts: Ids
+    ) -> npt.NDArray[np.float64]:
+        """:meth:`step_duration_us` of pure decode steps, one per context total
+        (the same formula, on an array: the same floats)."""
+        durations: npt.NDArray[np.float64] = self._step_us(decode, contexts)
+        return durations
+
+    def _step_us(
+        self,
+        decode: int,
+        context: Any,
+        prefill: int = 0,
+        gpu_hit: int = 0,
+        host_hit: int = 0,
+        new: int = 0,
+    ) -> Any:
         cfg = self.config
         return (
             1000.0 * (cfg.decode_base_ms + cfg.decode_per_seq_ms * decode)
@@ -233,17 +284,17 @@ class Scheduler:
         bs = self.block_size
         running = self.running
         need = [
-            max(0, -(-(req.computed + k) // bs) - len(req.blocks)) for req in running
+            max(0, -(-(req.computed + k) // bs) - req.num_blocks) for req in running
         ]
         total = sum(need)
         if total > self.pool.num_free:
             return False
         if total:
-            fresh = self.pool.take(total)
+            fresh = self.pool.take_ids(total)
             at = 0
             for req, n in zip(running, need, strict=True):
                 if n:
-                    req.blocks.extend(fresh[at : at + n])
+                    req.hold(fresh[at : at + n])
                     at += n
         for req in running:
             req.computed += k
@@ -258,12 +309,12 @@ class Scheduler:
 
     def _grow(self, req: CoreRequest, tokens: int) -> bool:
         """Hold blocks for ``tokens`` tokens of ``req``; False if the pool is short."""
-        need = -(-tokens // self.block_size) - len(req.blocks)
+        need = -(-tokens // self.block_size) - req.num_blocks
         if need <= 0:
             return True
         if need > self.pool.num_free:
             return False
-        req.blocks.extend(self.pool.take(need))
+        req.hold(self.pool.take_ids(need))
         return True
 
     def _admit(self, req: CoreRequest, budget: int) -> tuple[int, int] | None:
@@ -274,7 +325,7 @@ class Scheduler:
         # vLLM recomputes at least the last token, to get its logits.
         # A head that waits for room is looked up again only once the cache changed.
         if req.lookup is None or req.lookup_version != pool.version:
-            req.lookup = pool.lookup(req.hashes, (req.num_tokens - 1) // bs)
+            req.lookup = pool.lookup_ids(req.hash_ids, (req.num_tokens - 1) // bs)
             req.lookup_version = pool.version
         gpu, host = req.lookup
         hit_blocks = len(gpu) + len(host)
@@ -285,14 +336,22 @@ class Scheduler:
         free = pool.num_free
         # Hits nobody holds sit in the free queue: they are not room for the rest.
         if need > free or (
-            need > free - len(gpu) and need > free - list(map(_REF, gpu)).count(0)
+            need > free - len(gpu) and need > free - pool.count_unheld(gpu)
         ):
             return None
         req.lookup = None
         pool.touch(gpu)
-        fresh = pool.take(need)
-        pool.load_from_host(host, fresh[: len(host)])
-        req.blocks = [*gpu, *fresh]
+        fresh = pool.take_ids(need)
+        if host:
+            pool.load_from_host(host, fresh[: len(host)])
+        # Room for every block the request can come to hold.
+        req.blocks = np.empty(
+            max(len(gpu) + need, -(-(req.prompt_tokens + req.output_tokens) // bs)),
+            np.int64,
+        )
+        req.num_blocks = 0
+        req.hold(gpu)
+        req.hold(fresh)
         req.cached_blocks = hit_blocks
         req.computed = computed
         req.state = RUNNING
@@ -311,14 +370,13 @@ class Scheduler:
         """Make the prompt's full blocks among the first ``upto`` tokens hittable."""
         full = min(upto, req.prompt_tokens) // bs
         if full > req.cached_blocks:
-            hashes, blocks, cache = req.hashes, req.blocks, self.pool.cache
-            for k in range(req.cached_blocks, min(full, len(hashes))):
-                cache(blocks[k], hashes[k])
+            start, end = req.cached_blocks, min(full, len(req.hash_ids))
+            if end > start:
+                self.pool.cache_run(req.blocks[:end], req.hash_ids[:end], start)
             req.cached_blocks = full
 
     def _preempt(self, req: CoreRequest) -> None:
-        self.pool.release(req.blocks)
-        req.blocks = []
+        self.pool.release(req.drop_blocks())
         req.computed = 0
         req.cached_blocks = 0
         req.state = WAITING
@@ -328,6 +386,5 @@ class Scheduler:
 
     def _finish(self, req: CoreRequest) -> None:
         req.state = FINISHED
-        self.pool.release(req.blocks)
-        req.blocks = []
+        self.pool.release(req.drop_blocks())
         self.stats.requests_success += 1

@@ -148,12 +148,27 @@ def _check_model(data: dict[str, Any], config: SimConfig) -> str:
 
 
 def _chat_prompt(messages: Any) -> list[int]:
+    return chat_to_token_ids(_check_messages(messages))
+
+
+def chat_messages(data: dict[str, Any], config: SimConfig) -> list[dict[str, Any]]:
+    """A chat body's messages, checked as :func:`parse_request` checks them (the
+    model first), for a caller that tokenizes them itself.
+
+    Raises:
+        ApiError: as :func:`parse_request`.
+    """
+    _check_model(data, config)
+    return _check_messages(data.get("messages"))
+
+
+def _check_messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ApiError(400, f"messages[{i}] must be an object with a string 'role'")
-    return chat_to_token_ids(messages)
+    return messages
 
 
 def _completion_prompt(prompt: Any) -> list[int]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from replayer.sim.config import SimConfig
 from replayer.sim.core import CoreRequest, Scheduler, StepResult
 
@@ -108,16 +110,15 @@ class VirtualEngine:
         core = self.core
         seqs = len(core.running)
         context = sum(req.num_tokens for req in core.running)
-        ends: list[int] = []
-        end = start
-        for j in range(k):  # each step reads one more token per sequence
-            nxt = end + _ns(core.step_duration_us(seqs, context + j * seqs))
-            if limit_ns is not None and nxt > limit_ns:
-                break
-            end = nxt
-            ends.append(end)
-        if len(ends) < 2:
+        # Each step reads one more token per sequence; its time in whole ns as _ns.
+        contexts = context + seqs * np.arange(k, dtype=np.int64)
+        durations = np.rint(core.decode_durations_us(seqs, contexts) * 1000)
+        at_ends = start + np.cumsum(np.maximum(durations, 1).astype(np.int64))
+        n = k if limit_ns is None else int(np.searchsorted(at_ends, limit_ns, "right"))
+        if n < 2:
             return False
+        ends: list[int] = at_ends[:n].tolist()
+        end = ends[-1]
         running = list(core.running)
         if not core.decode_steps(len(ends)):
             return False
