@@ -293,22 +293,7 @@ def test_layout_typed_documents_hold_no_untyped_dicts() -> None:
 
 
 # Module docstrings say what the module is for in at most three lines and point to the
-# docs page that explains more. These files are being edited elsewhere; empty the set
-# once they are shortened.
-_LONG_DOCSTRING_EXCEPTIONS = {
-    "replayer/runner/virtual.py",
-    "replayer/runner/vloop.py",
-    "replayer/sim/__init__.py",
-    "replayer/sim/cli.py",
-    "replayer/sim/config.py",
-    "replayer/sim/metrics.py",
-    "replayer/sim/prompts.py",
-    "replayer/sim/protocol.py",
-    "replayer/sim/server.py",
-    "traces/recent.py",
-}
-
-
+# docs page that explains more.
 def _module_docstrings() -> dict[str, str | None]:
     return {
         str(p.relative_to(REPO)): ast.get_docstring(ast.parse(p.read_text()))
@@ -322,11 +307,9 @@ def test_layout_module_docstrings_are_at_most_three_lines() -> None:
     wrong = {
         path: "none" if doc is None else f"{len(doc.splitlines())} lines"
         for path, doc in docs.items()
-        if path not in _LONG_DOCSTRING_EXCEPTIONS
-        and (doc is None or len(doc.splitlines()) > 3)
+        if doc is None or len(doc.splitlines()) > 3
     }
     assert wrong == {}
-    assert set(docs) >= _LONG_DOCSTRING_EXCEPTIONS  # a renamed file leaves the set
 
 
 def test_layout_module_docstrings_point_to_pages_that_exist() -> None:

@@ -1,9 +1,6 @@
 """The built-in simulated endpoint (`replayer sim`): an OpenAI-compatible server that
-behaves like a continuous-batching engine with a block prefix cache. A simulator, not
-a model: it generates placeholder words.
-
-Import-light: ``make_app`` and ``serve`` (which need aiohttp) load on first use.
-"""
+behaves like a continuous-batching engine with a block prefix cache, writing
+placeholder words. See docs/replaying.md ("Against the built-in simulator")."""
 
 from __future__ import annotations
 
@@ -17,6 +14,7 @@ if TYPE_CHECKING:
 __all__ = ["SimConfig", "make_app", "serve"]
 
 
+# Import-light: make_app and serve (aiohttp) load on first use.
 def __getattr__(name: str) -> Any:
     if name in ("make_app", "serve"):
         from replayer.sim import server

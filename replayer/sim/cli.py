@@ -1,8 +1,6 @@
-"""`replayer sim`: run the simulated endpoint until SIGINT/SIGTERM.
-
-One flag per SimConfig field, generated from the dataclass so the two never drift.
-aiohttp is imported inside the command, so `replayer --help` stays fast.
-"""
+"""`replayer sim`: run the simulated endpoint until SIGINT/SIGTERM, one flag per
+SimConfig field (generated from the dataclass, so the two never drift). See
+docs/replaying.md ("Against the built-in simulator")."""
 
 from __future__ import annotations
 
@@ -77,7 +75,7 @@ def sim(host: str, port: int, **options: Any) -> None:
 
 
 async def _serve_until_signal(config: SimConfig, host: str, port: int) -> None:
-    from replayer.sim.server import serve
+    from replayer.sim.server import serve  # aiohttp here: `replayer --help` stays fast
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

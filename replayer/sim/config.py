@@ -1,8 +1,5 @@
-"""SimConfig: every knob of the simulated endpoint, validated once at construction.
-
-Owns the defaults and their reasons; the CLI turns each field into a flag (its
-``help`` metadata is the flag's help text). No I/O and no aiohttp here.
-"""
+"""SimConfig: every knob of the simulated endpoint, its default and reason, validated
+once at construction (no I/O, no aiohttp). See docs/engine-model.md."""
 
 from __future__ import annotations
 

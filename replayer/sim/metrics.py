@@ -1,9 +1,6 @@
-"""The simulator's counters and histograms, and their Prometheus text rendering.
-
-Names and units follow vLLM (``vllm:`` prefix, token counters, seconds histograms), so
-a scraper written for vLLM reads the simulator unchanged. Rendered by hand in text
-format 0.0.4; no prometheus_client at run time.
-"""
+"""The simulator's counters and histograms under vLLM's names and units, rendered by
+hand as Prometheus text 0.0.4, so a scraper written for vLLM reads it unchanged. See
+docs/metrics.md."""
 
 from __future__ import annotations
 

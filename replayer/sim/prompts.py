@@ -1,7 +1,5 @@
-"""Block hashes of prompts computed only for what is new since a recent prompt with
-the same start: a session's next turn re-sends its whole history, and the virtual
-engine would otherwise parse (token ids) or tokenize (chat messages) and hash it
-again. See docs/engine-model.md."""
+"""Block hashes of prompts computed only past what a recent prompt of the same session
+already hashed (the next turn re-sends the whole history). See docs/engine-model.md."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The OpenAI wire format as the simulator speaks it: request parsing and validation,
-error bodies, and pre-encoded SSE chunks. No aiohttp and no engine state here.
-
-Text prompts are tokenized with ``traces.textrule`` (chat: one role token per message
-plus the content's words), the rule the replayer's materializer writes with.
-"""
+"""The OpenAI wire format as the simulator speaks it: request parsing and validation
+(text by ``traces.textrule``, the materializer's rule), error bodies, pre-encoded SSE
+chunks. See docs/replaying.md ("Against the built-in simulator")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The simulator's HTTP face: OpenAI routes, SSE streaming, faults, /metrics, serve().
-
-Handlers parse, roll the request's seeded dice (output length, faults), submit to the
-one :class:`~replayer.sim.engine.Engine` and stream what it produces. The engine loop is
-owned by the application's cleanup context, so it lives exactly as long as the app.
-"""
+"""The simulator's HTTP face: OpenAI routes, SSE streaming, faults and /metrics in front
+of the one engine, whose loop lives exactly as long as the app. See
+docs/replaying.md ("Against the built-in simulator")."""
 
 from __future__ import annotations
 
