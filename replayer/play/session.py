@@ -432,6 +432,9 @@ async def _request(
     rec.prompt_tokens = prompt.prompt_tokens
     rec.dropped_input_tokens = prompt.dropped_tokens
     rec.ideal_cached_tokens = min(rec.ideal_cached_tokens, prompt.prompt_tokens)
+    # The body holds the prompt: its fragment (as large) need not live while the
+    # request does (64 lanes of 222K-token prompts: ~60 MB).
+    del prompt
     counters = ctx.counters
     admission = ctx.admission
     if admission is not None:
