@@ -23,7 +23,7 @@ _MOST: dict[str, int] = {
     "mean_output_tokens": 1 << 31,
     "seed": (1 << 63) - 1,
 }
-_MOST_BLOCKS = 1 << 23  # GPU blocks of the block pool (~100 bytes each)
+_MOST_BLOCKS = 1 << 23  # GPU blocks of the block pool (its arrays, ~100 bytes a block)
 
 
 def _knob(default: Any, help: str) -> Any:
@@ -111,7 +111,7 @@ class SimConfig:
         _require(
             blocks <= _MOST_BLOCKS,
             "kv_capacity_tokens / block_size",
-            f"<= {_MOST_BLOCKS:,} blocks (each is an object in memory)",
+            f"<= {_MOST_BLOCKS:,} blocks (the block pool sizes its arrays by it)",
             blocks,
         )
         _require(

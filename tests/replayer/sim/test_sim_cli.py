@@ -76,7 +76,7 @@ def test_cli_sim_bounds_seed_and_sizes() -> None:
         (["--kv-capacity-tokens", str(10**20)], "kv_capacity_tokens must be <="),
         (
             ["--kv-capacity-tokens", str(1 << 30), "--block-size", "16"],
-            "blocks (each is an object in memory)",
+            "blocks (the block pool sizes its arrays by it)",
         ),
     ):
         result = CliRunner().invoke(main, ["sim", *args])
