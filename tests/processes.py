@@ -1,9 +1,33 @@
-"""The processes a test run left behind: the live descendants of a process, read
-from /proc (each process's parent id), with their command lines."""
+"""Processes of the tests: the real `replayer` CLI run as a subprocess, and what a
+test run left behind (the live descendants of a process, read from /proc)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+REPLAYER = [sys.executable, "-m", "replayer"]
+
+
+def run_cli(
+    *args: str,
+    timeout: float = 120,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``replayer ARGS...`` to its end, output captured (``env`` adds to this
+    process's environment)."""
+    return subprocess.run(
+        [*REPLAYER, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
+        check=False,
+    )
 
 
 def descendants(pid: int) -> dict[int, str]:

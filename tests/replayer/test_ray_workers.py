@@ -17,11 +17,11 @@ loopback."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +31,7 @@ import pandas as pd
 import pytest
 
 from tests.builders import growing_session, trace_of
+from tests.processes import REPLAYER, run_cli
 from tests.ray_cluster import (
     beyond_loopback,
     listening,
@@ -43,8 +44,6 @@ from traces.io import write_trace
 pytest.importorskip("ray", reason="the Ray tests need the [ray] extra (or [test])")
 # Each test waits up to 240 s for one command, the first also for the cluster.
 pytestmark = pytest.mark.timeout(600)
-
-REPLAYER = [sys.executable, "-m", "replayer"]
 
 
 @pytest.fixture(scope="module")
@@ -69,17 +68,7 @@ def _assert_loopback_only(cluster: Any) -> None:
     assert beyond_loopback(listeners) == {}, listeners
 
 
-def _cli(
-    *args: str, timeout: float = 240, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*REPLAYER, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        cwd=cwd,
-    )
+_cli = functools.partial(run_cli, timeout=240)
 
 
 def _trace(path: Path, sessions: int, turns: int, out: int) -> Path:

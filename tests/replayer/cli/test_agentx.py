@@ -5,24 +5,20 @@ duplication check, and the exit status of --on-error abort-run."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from tests.processes import run_cli
+
 WEKA = Path(__file__).resolve().parents[4] / "shared" / "data" / "weka"
 TRACE = WEKA / "trace_0718.json"  # 8 requests, no subagents
-REPLAYER = [sys.executable, "-m", "replayer"]
 
 pytestmark = pytest.mark.skipif(not TRACE.is_file(), reason="shared Weka data absent")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*REPLAYER, *args], capture_output=True, text=True, timeout=120, check=False
-    )
+_cli = run_cli
 
 
 def test_cli_agentx_profile_resolves_into_run_json(tmp_path: Path) -> None:

@@ -5,31 +5,16 @@ exit status 2, naming the file and the key."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.builders import growing_session, trace_of
+from tests.processes import run_cli
 from traces.io import write_trace
 
-REPLAYER = [sys.executable, "-m", "replayer"]
-
-
-def _cli(
-    *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*REPLAYER, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=None if env is None else {**os.environ, **env},
-    )
+_cli = run_cli
 
 
 def _trace(tmp_path: Path) -> Path:

@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,22 +15,10 @@ import pandas as pd
 import pytest
 
 from tests.builders import growing_session, trace_of
+from tests.processes import REPLAYER, run_cli
 from traces.io import read_trace, write_trace
 
-REPLAYER = [sys.executable, "-m", "replayer"]
-
-
-def _cli(
-    *args: str, timeout: float = 120, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*REPLAYER, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        check=False,
-    )
+_cli = run_cli
 
 
 def _small_trace(path: Path, sessions: int = 3, turns: int = 4, out: int = 8) -> Path:
