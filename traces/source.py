@@ -15,33 +15,11 @@ from traces.errors import TraceError
 
 def read_file_bytes(path: Path) -> bytes:
     """The (decompressed) bytes of ``path``."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except ValueError as exc:  # a name no file can have ("embedded null byte")
-        raise TraceError(f"{str(path)!r}: not a file name: {exc}") from exc
-    if data[:2] == b"\x1f\x8b":
+    with _opened(path) as (stream, gzipped):
         try:
-            data = gzip.decompress(data)
+            return stream.read()
         except (OSError, EOFError) as exc:
-            raise TraceError(f"{path}: not a valid gzip file: {exc}") from exc
-    return data
-
-
-def _open(path: Path) -> tuple[IO[bytes], bool]:
-    try:
-        raw = path.open("rb")
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise TraceError(f"{str(path)!r}: not a file name: {exc}") from exc
-    if raw.read(2) == b"\x1f\x8b":
-        raw.seek(0)
-        # Its file is closed by file_lines.
-        return cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb")), True
-    raw.seek(0)
-    return raw, False
+            raise _read_error(path, gzipped, exc) from exc
 
 
 @contextlib.contextmanager
@@ -49,18 +27,41 @@ def file_lines(path: Path) -> Iterator[Iterator[tuple[int, bytes]]]:
     """The (decompressed) lines of ``path`` with their 1-based numbers, read as they
     are used, never the whole file at once: a JSONL trace of gigabytes costs one line
     of memory here, not two copies of the file. Failures are TraceErrors."""
-    stream, gzipped = _open(path)
-    raw = getattr(stream, "fileobj", None) or stream
+    with _opened(path) as (stream, gzipped):
 
-    def lines() -> Iterator[tuple[int, bytes]]:
-        try:
-            yield from enumerate(stream, start=1)
-        except (OSError, EOFError) as exc:
-            what = "not a valid gzip file" if gzipped else "cannot read"
-            raise TraceError(f"{path}: {what}: {exc}") from exc
+        def lines() -> Iterator[tuple[int, bytes]]:
+            try:
+                yield from enumerate(stream, start=1)
+            except (OSError, EOFError) as exc:
+                raise _read_error(path, gzipped, exc) from exc
 
-    try:
         yield lines()
-    finally:
-        stream.close()
-        raw.close()
+
+
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[tuple[IO[bytes], bool]]:
+    """``path`` open for reading, through gzip when its first bytes are gzip's magic
+    number (and whether they were); closed after."""
+    try:
+        raw = path.open("rb")
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a name no file can have ("embedded null byte")
+        raise TraceError(f"{str(path)!r}: not a file name: {exc}") from exc
+    with raw:
+        try:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        if not gzipped:
+            yield raw, False
+            return
+        with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+            yield cast(IO[bytes], unzipped), True
+
+
+def _read_error(path: Path, gzipped: bool, exc: BaseException) -> TraceError:
+    if gzipped:
+        return TraceError(f"{path}: not a valid gzip file: {exc}")
+    return TraceError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")
