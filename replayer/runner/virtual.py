@@ -33,7 +33,8 @@ from replayer.sim.config import SimConfig
 from replayer.sim.core import CoreRequest
 from replayer.sim.dice import roll
 from replayer.sim.prompts import ChatHashes, PromptHashes
-from replayer.sim.protocol import (
+from replayer.sim.virtual import VirtualEngine, VirtualRequest
+from replayer.sim.wire import (
     ApiError,
     GenerateRequest,
     Kind,
@@ -43,7 +44,6 @@ from replayer.sim.protocol import (
     parse_request,
     word_table,
 )
-from replayer.sim.virtual import VirtualEngine, VirtualRequest
 
 # --virtual's value for "the built-in simulator's settings (and --sim-args)".
 BUILT_IN = "sim"

@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass
 
 from replayer.sim.config import SimConfig
-from replayer.sim.protocol import GenerateRequest, word_table
+from replayer.sim.wire import GenerateRequest, word_table
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 
 from replayer.sim.cache import Ids, as_ids, block_hashes
-from replayer.sim.protocol import ApiError
+from replayer.sim.wire import ApiError
 from traces.recent import RecentByKey
 from traces.textrule import chat_to_token_ids
 

@@ -16,7 +16,7 @@ from replayer.sim.config import SimConfig
 from replayer.sim.dice import Dice, roll
 from replayer.sim.engine import Engine, EngineStopped, Sequence
 from replayer.sim.metrics import render_metrics
-from replayer.sim.protocol import (
+from replayer.sim.wire import (
     DONE,
     ApiError,
     ChunkEncoder,

@@ -9,7 +9,7 @@ import pytest
 
 from replayer.sim.cache import block_hashes
 from replayer.sim.prompts import PromptHashes
-from replayer.sim.protocol import ApiError
+from replayer.sim.wire import ApiError
 
 
 def _body(ids: list[int]) -> bytes:
