@@ -219,7 +219,8 @@ def _no_metrics_reason(meta: RunMeta) -> str:
     """Why a run has no server metrics, as far as its run.json tells."""
     account = meta.server_metrics
     if account is None:
-        if meta.config.get("scrape_interval_s") == 0:
+        replay = meta.config.replay
+        if replay is not None and replay.scrape_interval_s == 0:
             return "no server metrics: scraping was off"
         if not meta.complete:
             return "no server metrics: none flushed before the run stopped"

@@ -4,7 +4,8 @@ down. No global settings; the library never reads the environment."""
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -214,6 +215,19 @@ class TraceTimestamps:
 Schedule = Lanes | RateArrivals | TraceTimestamps
 
 
+_SCHEDULES: dict[str, type[Lanes] | type[RateArrivals] | type[TraceTimestamps]] = {
+    "concurrency": Lanes,
+    "session_rate": RateArrivals,
+    "timestamps": TraceTimestamps,
+}
+
+
+def _known(cls: type, obj: Mapping[str, Any], skip: tuple[str, ...]) -> dict[str, Any]:
+    """The items of ``obj`` that are init fields of dataclass ``cls``, less ``skip``."""
+    names = {f.name for f in fields(cls) if f.init} - set(skip)
+    return {k: v for k, v in obj.items() if k in names}
+
+
 def schedule_kind(schedule: Schedule) -> Mode:
     """The run.json name of a schedule."""
     if isinstance(schedule, RateArrivals):
@@ -350,6 +364,39 @@ class ReplayConfig:
         d["sim_args"] = list(self.sim_args)
         d["start_ratio"] = None if self.start_ratio is None else list(self.start_ratio)
         return d
+
+    @classmethod
+    def from_metadata(cls, obj: Mapping[str, Any]) -> ReplayConfig:
+        """The config :meth:`as_metadata` recorded, read back (keys this version does
+        not know are ignored; missing ones take their defaults). The API key is not
+        recorded, so it comes back as None. Raises ConfigError on a value that does
+        not make a config."""
+        try:
+            kw = _known(cls, obj, ("endpoint", "prompt", "schedule"))
+            endpoint = obj.get("endpoint") or {}
+            prompt = obj.get("prompt") or {}
+            schedule = dict(obj.get("schedule") or {})
+            if not all(isinstance(x, Mapping) for x in (endpoint, prompt, schedule)):
+                raise TypeError("endpoint, prompt and schedule must be objects")
+            kind = schedule.pop("kind", "concurrency")
+            sched_type = _SCHEDULES.get(kind)
+            if sched_type is None:
+                raise ConfigError(f"unknown schedule kind {kind!r}")
+            if "sim_args" in kw:
+                kw["sim_args"] = tuple(kw["sim_args"])
+            if kw.get("start_ratio") is not None:
+                lo, hi = kw["start_ratio"]
+                kw["start_ratio"] = (float(lo), float(hi))
+            return cls(
+                endpoint=EndpointConfig(
+                    **_known(EndpointConfig, endpoint, ("api_key",))
+                ),
+                prompt=PromptConfig(**_known(PromptConfig, prompt, ())),
+                schedule=sched_type(**_known(sched_type, schedule, ())),
+                **kw,
+            )
+        except (TypeError, ValueError, ConfigError) as exc:
+            raise ConfigError(f"recorded config: {exc}") from None
 
     def output_tokens(self, trace_output_tokens: int) -> int:
         """``max_tokens`` for a trace output length: scaled by ``output_scale``,

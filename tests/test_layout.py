@@ -239,9 +239,8 @@ def test_layout_request_path_never_imports_the_sim() -> None:
 
 # The typed documents (DESIGN.md: "typed run.json ... no dict[str, Any] but labels"):
 # each root and every dataclass its fields name, in these modules. Exempt: free-form
-# labels; RunMeta's ``extra`` (keys a newer version wrote) and ``config`` (the
-# effective config as the flags' names: the --config file format, typed by
-# ReplayConfig itself).
+# labels; RunMeta's ``extra`` (keys a newer version wrote) and the JSON a run's
+# config was recorded as (written back as read; readers use its typed ReplayConfig).
 _TYPED_MODULES = (
     "replayer/records/meta.py",
     "replayer/records/capacity.py",
@@ -251,7 +250,7 @@ _TYPED_MODULES = (
     "analysis/summary.py",
 )
 _TYPED_ROOTS = ("RunMeta", "Summary", "CapacityDoc")
-_UNTYPED_FIELDS = {"labels", "RunMeta.extra", "RunMeta.config"}
+_UNTYPED_FIELDS = {"labels", "RunMeta.extra", "RecordedConfig.recorded"}
 
 
 def _field_annotations() -> dict[str, dict[str, str]]:
@@ -288,7 +287,8 @@ def test_layout_typed_documents_hold_no_untyped_dicts() -> None:
             todo += sorted(names & set(classes))
     # The walk reached the parts (a rename that cuts it off would hide them).
     assert {"ClientCheck", "ProtocolInfo", "Latency", "SteadyState", "CapacityCell",
-            "SloCheck", "CapacityResult", "RayInfo", "Validity"} <= seen  # fmt: skip
+            "SloCheck", "CapacityResult", "RayInfo", "Validity",
+            "RecordedConfig"} <= seen  # fmt: skip
     assert wrong == []
 
 

@@ -10,7 +10,8 @@ from typing import Any
 import numpy.typing as npt
 import pyarrow as pa
 
-from replayer.errors import ReplayerError
+from replayer.config import ReplayConfig
+from replayer.errors import ConfigError, ReplayerError
 from replayer.records.engine_model import EngineModel
 from replayer.records.rows import FAILED_STATUSES
 from replayer.sim.config import SimConfig
@@ -539,6 +540,44 @@ class RayInfo:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedConfig:
+    """The effective config of a run (``run.json`` ``config``): the typed
+    :class:`ReplayConfig` it ran with (less its API key) for readers, and the JSON
+    object as recorded, which is what is written back (another version's keys kept).
+
+    ``replay`` is None when the recorded object does not make a config (another
+    version's, hand-edited).
+    """
+
+    replay: ReplayConfig | None = None
+    api_key_set: bool = False  # an API key was sent (never the key itself)
+    recorded: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, config: ReplayConfig) -> RecordedConfig:
+        """The record of a config about to run."""
+        api_key_set = config.endpoint.api_key is not None
+        d = config.as_metadata()
+        d["endpoint"]["api_key_set"] = api_key_set
+        return cls(replay=config, api_key_set=api_key_set, recorded=d)
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> RecordedConfig:
+        """Read back what :meth:`as_dict` wrote (or another version did)."""
+        try:
+            replay = ReplayConfig.from_metadata(obj)
+        except ConfigError:
+            replay = None
+        endpoint = obj.get("endpoint")
+        key_set = isinstance(endpoint, dict) and bool(endpoint.get("api_key_set"))
+        return cls(replay=replay, api_key_set=key_set, recorded=copy.deepcopy(obj))
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: as recorded."""
+        return copy.deepcopy(self.recorded)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunMeta:
     """``run.json``, and the same JSON in every part file's metadata.
 
@@ -565,8 +604,8 @@ class RunMeta:
     block_tokens: int | None = None  # tokens per materialized block (None: trace's)
     worker_id: int | None = 0  # None in the merged run.json of a --workers run
     workers: int = 1
-    # The effective config (ReplayConfig.as_metadata(); a --config file's keys).
-    config: dict[str, Any] = field(default_factory=dict)
+    # The effective config (a --config file's keys).
+    config: RecordedConfig = field(default_factory=RecordedConfig)
     simulated: bool = False  # replayed against the built-in simulated endpoint
     sim: SimRecord | None = None  # its settings when simulated
     start_unix_ns: int | None = None  # wall clock at run-relative 0
@@ -653,17 +692,19 @@ class RunMeta:
                 kw[name] = sub(**{k: v for k, v in value.items() if k in names})
             elif value is not None or name != "counts":
                 kw.pop(name, None)
-        for name in ("labels", "config"):
-            if not isinstance(kw.get(name, {}), dict):
-                kw.pop(name)
+        if not isinstance(kw.get("labels", {}), dict):
+            kw.pop("labels")
         for name, parse in _PARTS.items():
             value = kw.get(name)
             kw[name] = parse(value) if isinstance(value, dict) else None
+        if kw["config"] is None:
+            kw["config"] = RecordedConfig()
         kw["extra"] = {k: v for k, v in obj.items() if k not in known}
         return cls(**kw)
 
 
 _PARTS: dict[str, Any] = {
+    "config": RecordedConfig.from_dict,
     "sim": SimRecord.from_dict,
     "recorder": RecorderStats.from_dict,
     "server_metrics": ScrapeAccount.from_dict,

@@ -36,7 +36,7 @@ from replayer.play.schedule import run_schedule, shard
 from replayer.play.scrape import MetricsScraper
 from replayer.play.selfcheck import LoopMonitor
 from replayer.play.session import PromptBuilder, RunContext, request_body
-from replayer.records import ModeInfo, RunMeta
+from replayer.records import ModeInfo, RecordedConfig, RunMeta
 from replayer.records.meta import (
     MaterializerStats,
     ProtocolInfo,
@@ -171,7 +171,7 @@ def _run_meta(
         salt=config.prompt.salt,
         block_tokens=config.prompt.block_tokens,
         workers=config.workers,
-        config=config.as_metadata(),
+        config=RecordedConfig.of(config),
     )
 
 

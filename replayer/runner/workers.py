@@ -32,7 +32,7 @@ from replayer.play.progress import (
     replay_outcome,
 )
 from replayer.play.selfcheck import merge_checks
-from replayer.records import RunCounts, RunMeta
+from replayer.records import RecordedConfig, RunCounts, RunMeta
 from replayer.records.rundir import read_run_json, write_run_json
 
 _START_DELAY_NS = 200_000_000  # after the barrier, so every worker waits at t0
@@ -509,7 +509,7 @@ def _merge(
         workers=n,
         mode=mode_info(config.schedule),
         seed=config.seed,
-        config=config.as_metadata(),
+        config=RecordedConfig.of(config),
         counts=replace(counts, trace_requests=base.trace.requests or 0),
         duration_s=max((m.duration_s or 0.0 for m in metas), default=0.0),
         end_unix_ns=max((m.end_unix_ns or 0 for m in metas), default=0) or None,

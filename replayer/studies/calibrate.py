@@ -8,7 +8,7 @@ import contextlib
 import math
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -267,6 +267,7 @@ def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, 
         ("simulator settings", sim("max_num_batched_tokens")),
         ("vLLM's default", 8192),
     )
+    first = runs[0].meta.config.replay
     longest = max(
         int(
             (
@@ -279,7 +280,10 @@ def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, 
     model_len = pick(
         "max_model_len",
         flags.max_model_len,
-        ("the server's /v1/models", runs[0].meta.config.get("max_model_len")),
+        (
+            "the server's /v1/models",
+            None if first is None else first.max_model_len,
+        ),
         ("simulator settings", sim("max_model_len")),
         ("the longest request of the runs", longest),
     )
@@ -571,19 +575,10 @@ def replayable(run: Run) -> Replayable:
     Raises:
         CalibrationError: the trace is gone or changed, or the settings unreadable.
     """
-    from replayer.config import (
-        EndpointConfig,
-        Lanes,
-        RateArrivals,
-        ReplayConfig,
-        Schedule,
-        TraceTimestamps,
-    )
-    from replayer.errors import ConfigError
+    from replayer.config import EndpointConfig
     from replayer.records.rundir import trace_content_hash
     from traces.errors import TraceError
     from traces.io import read_trace
-    from traces.materialize import PromptConfig
 
     meta = run.meta
     where = run.path
@@ -598,54 +593,35 @@ def replayable(run: Run) -> Replayable:
         raise CalibrationError(
             f"{where}: its trace {trace_path} changed since the run (content hash)"
         )
-    cfg = meta.config
+    recorded = meta.config.replay
+    if recorded is None:
+        raise CalibrationError(f"{where}: run.json settings: no readable config")
     try:
         trace = read_trace(trace_path)
-        sched = dict(cfg.get("schedule") or {})
-        kind = sched.pop("kind", "concurrency")
-        schedule: Schedule
-        if kind == "session_rate":
-            schedule = RateArrivals(**sched)
-        elif kind == "timestamps":
-            schedule = TraceTimestamps(**sched)
-        else:
-            schedule = Lanes(**sched)
-        ep = cfg.get("endpoint") or {}
-        names = {f.name for f in fields(PromptConfig)}
-        prompt = PromptConfig(
-            **{k: v for k, v in (cfg.get("prompt") or {}).items() if k in names}
-        )
-        ratio = cfg.get("start_ratio")
-        config = ReplayConfig(
-            endpoint=EndpointConfig(
-                model=ep.get("model") or meta.model,
-                api=ep.get("api") or "completions",
-                vllm_extras=bool(ep.get("vllm_extras", True)),
-                include_usage=bool(ep.get("include_usage", True)),
-            ),
-            prompt=prompt,
-            schedule=schedule,
-            think_scale=float(cfg.get("think_scale", 1.0)),
-            think_cap_s=cfg.get("think_cap_s"),
-            warmup_s=float(cfg.get("warmup_s", 0.0)),
-            duration_s=cfg.get("duration_s"),
-            drain=cfg.get("drain", "finish"),
-            loop=bool(cfg.get("loop", False)),
-            seed=int(cfg.get("seed", 0)),
-            scrape_interval_s=0.0,
-            max_inflight=cfg.get("max_inflight"),
-            labels=dict(meta.labels),
-            start_ratio=None if ratio is None else (float(ratio[0]), float(ratio[1])),
-            cache_warmup_s=float(cfg.get("cache_warmup_s", 0.0)),
-            idle_skip_s=cfg.get("idle_skip_s"),
-            on_error=cfg.get("on_error", "skip-session"),
-            session_id_scope=cfg.get("session_id_scope", "tree"),
-            live_assistant=bool(cfg.get("live_assistant", False)),
-        )
     except TraceError as exc:
         raise CalibrationError(f"{where}: its trace: {exc}") from None
-    except (ConfigError, ValueError, TypeError) as exc:
-        raise CalibrationError(f"{where}: run.json settings: {exc}") from None
+    # The run's own settings, less what ties them to one server and process: no
+    # URL, key or timeouts; one process; no scrape; the context length is the
+    # engine model's (the launcher fills it in virtual time).
+    config = replace(
+        recorded,
+        endpoint=EndpointConfig(
+            model=recorded.endpoint.model or meta.model,
+            api=recorded.endpoint.api,
+            vllm_extras=recorded.endpoint.vllm_extras,
+            include_usage=recorded.endpoint.include_usage,
+            session_token_header=recorded.endpoint.session_token_header,
+        ),
+        scrape_interval_s=0.0,
+        labels=dict(meta.labels),
+        workers=1,
+        ray_address=None,
+        ray_workers=None,
+        sim_args=(),
+        max_model_len=None,
+        virtual=None,
+    )
+    prompt = config.prompt
     settings = asdict(replace(config, prompt=replace(prompt, salt="")))
     settings.pop("labels", None)
     return Replayable(

@@ -63,7 +63,7 @@ async def test_launch_run_directory_metadata_and_no_secret(
     assert meta.counts is not None
     assert meta.counts.ok == 3 == summary.ok
     assert meta.mode == ModeInfo(kind="concurrency", concurrency=1)
-    assert meta.config["endpoint"]["api_key_set"] is not in_url
+    assert meta.config.api_key_set is not in_url
     assert meta.trace.requests == 3
     assert meta.trace.ideal_cache_hit_rate == pytest.approx((8 + 12) / (10 + 14 + 18))
     # Every part file carries the final metadata too (a lost run.json costs nothing).
