@@ -43,6 +43,8 @@ _REQUEST_KEYS = frozenset(
         "api_time",
         "think_time",
         "ttft",
+        "tool_wait",
+        "human_wait",
     }
 )
 _SUBAGENT_KEYS = frozenset(
@@ -223,12 +225,22 @@ def _parse_request(
     t = _number(ctx, obj, "t", index, required=True, signed=True) or 0.0
     kind = obj.get("type")
     extra = {k: v for k, v in obj.items() if k not in _REQUEST_KEYS}
+    think = _number(ctx, obj, "think_time", index) or 0.0
+    tool = _number(ctx, obj, "tool_wait", index)
+    human = _number(ctx, obj, "human_wait", index)
+    if (tool or 0.0) + (human or 0.0) > think + _TIME_SLACK_S:
+        ctx.add(
+            index,
+            "tool_wait",
+            f"tool_wait + human_wait ({tool or 0.0:g} + {human or 0.0:g}) "
+            f"exceed think_time ({think:g})",
+        )
     return Request(
         input_tokens=in_tokens,
         output_tokens=out_tokens,
         hash_ids=_hash_ids(ctx, obj, index, in_tokens if in_ok else None, block_size),
         t_s=t,
-        think_time_s=_number(ctx, obj, "think_time", index) or 0.0,
+        think_time_s=think,
         api_time_s=_number(ctx, obj, "api_time", index),
         ttft_s=_number(ctx, obj, "ttft", index),
         kind=str(kind),
@@ -237,6 +249,8 @@ def _parse_request(
         input_types=_str_list(ctx, obj, "input_types", index),
         output_types=_str_list(ctx, obj, "output_types", index),
         extra=extra,
+        tool_wait_s=tool,
+        human_wait_s=human,
     )
 
 
@@ -441,6 +455,10 @@ def _request_dict(r: Request) -> dict[str, Any]:
     if r.ttft_s is not None:
         d["ttft"] = r.ttft_s
     d["think_time"] = r.think_time_s
+    if r.tool_wait_s is not None:
+        d["tool_wait"] = r.tool_wait_s
+    if r.human_wait_s is not None:
+        d["human_wait"] = r.human_wait_s
     d.update(r.extra)
     return d
 

@@ -65,15 +65,30 @@ def format_stats(d: dict[str, Any], path: Path) -> str:
         f"ideal cache hit  {d['ideal_cache_hit_rate']:.2%}",
         f"block size       {', '.join(map(str, d['block_sizes']))} tokens "
         f"({'/'.join(d['hash_id_scopes'])} hash ids)",
+        "gap parts        "
+        + (
+            f"known for {d['gaps_with_parts']:,} gaps: tool time "
+            f"{d['tool_time_share']:.1%} of their time"
+            if d["gaps_with_parts"]
+            else "not known (one think gap a request)"
+        ),
         "",
         f"{'per request':<22}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}{'max':>12}",
     ]
-    for label, key in (
+    rows = [
         ("input tokens", "input_tokens"),
         ("output tokens", "output_tokens"),
         ("think time (s)", "think_time_s"),
-        ("requests per session", "requests_per_session"),
-    ):
+    ]
+    if d["gaps_with_parts"]:  # the gaps' parts, where the trace knows them
+        rows += [
+            ("  tool wait (s)", "tool_wait_s"),
+            ("  non-tool wait (s)", "non_tool_wait_s"),
+            ("    human wait (s)", "human_wait_s"),
+            ("    other (s)", "other_wait_s"),
+        ]
+    rows.append(("requests per session", "requests_per_session"))
+    for label, key in rows:
         row = d[key]
         cells = "".join(
             f"{'-':>12}" if not math.isfinite(row[k]) else f"{row[k]:>12,.1f}"

@@ -641,6 +641,7 @@ def replayable(run: Run) -> Replayable:
             on_error=cfg.get("on_error", "skip-session"),
             session_id_scope=cfg.get("session_id_scope", "tree"),
             live_assistant=bool(cfg.get("live_assistant", False)),
+            tool_scale=float(cfg.get("tool_scale", 1.0)),
         )
     except TraceError as exc:
         raise CalibrationError(f"{where}: its trace: {exc}") from None
