@@ -263,6 +263,13 @@ def _token_list(
     help="Caps each (scaled) think gap, seconds, as `replayer run --think-cap`.",
 )
 @click.option(
+    "--tool-scale",
+    type=FACTOR,
+    default=1.0,
+    show_default=True,
+    help="Multiplies the gaps' tool time, as `replayer run --tool-scale`.",
+)
+@click.option(
     "--max-inflight",
     type=count(1),
     help="Cap on requests in flight, as `replayer run --max-inflight`.",
@@ -317,6 +324,7 @@ def trace_cache_curve_cmd(
     concurrency: int,
     think_scale: float,
     think_cap: float | None,
+    tool_scale: float,
     max_inflight: int | None,
     budgets: list[int] | None,
     block_tokens: int | None,
@@ -359,6 +367,7 @@ def trace_cache_curve_cmd(
             block_tokens=block_tokens,
             server_kv_tokens=server_kv_tokens,
             max_inflight=max_inflight,
+            tool_scale=tool_scale,
         )
     d = curve_dict(curve, bytes_per_token)
     if engine is not None:
@@ -373,6 +382,7 @@ def trace_cache_curve_cmd(
                 concurrency=concurrency,
                 think_scale=think_scale,
                 think_cap_s=think_cap,
+                tool_scale=tool_scale,
                 max_inflight=max_inflight,
                 block_tokens=block_tokens,
                 sim_args=overrides,
@@ -413,6 +423,7 @@ def curve_dict(curve: CacheCurve, bytes_per_token: int | None) -> dict[str, Any]
         "concurrency": curve.concurrency,
         "think_scale": curve.think_scale,
         "think_cap_s": curve.think_cap_s,
+        "tool_scale": curve.tool_scale,
         "max_inflight": curve.max_inflight,
         "block_tokens": curve.block_tokens,
         "bytes_per_token": bytes_per_token,
@@ -458,7 +469,9 @@ def format_curve(d: dict[str, Any], path: Path) -> str:
         f"trace        {path}  ({d['requests']:,} requests, concurrency "
         f"{d['concurrency']}"
         + ("" if cap is None else f", at most {cap} in flight")
-        + f", think scale {d['think_scale']:g}, {d['block_tokens']} tokens per block)",
+        + f", think scale {d['think_scale']:g}"
+        + ("" if d["tool_scale"] == 1 else f", tool scale {d['tool_scale']:g}")
+        + f", {d['block_tokens']} tokens per block)",
         f"ceiling      {_pct(ceiling)}  (infinite KV = the ideal hit)",
         f"in flight    ~{inflight:,} tokens  (p90 of the prompt + output tokens in "
         "flight at a send)",

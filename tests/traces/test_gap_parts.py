@@ -283,6 +283,12 @@ def test_cli_trace_stats_and_convert_keep_the_parts(
     )
     assert d["tool_wait_s"]["mean"] == pytest.approx(sum(tools) / 9)
     assert d["human_wait_s"]["mean"] == pytest.approx(sum(humans) / 9)
+    curve = run_cli(
+        "trace", "cache-curve", str(store), "--think-scale", "0", "--tool-scale",
+        "0.5", "--json",
+    )  # fmt: skip
+    assert curve.returncode == 0, curve.stderr
+    assert json.loads(curve.stdout)["tool_scale"] == 0.5
     table = run_cli("trace", "stats", str(store))
     assert "known for 9 gaps: tool time" in table.stdout
     assert "  tool wait (s)" in table.stdout
