@@ -14,6 +14,19 @@ import numpy.typing as npt
 from traces.model import Request
 from traces.table import request_column
 
+_SLACK_S = 1e-6  # parts and gaps are rounded to the millisecond
+
+
+def parts_past_gap(think_s: float, tool_s: float, human_s: float) -> str | None:
+    """Why a request's gap parts (None counted 0) are invalid: their sum past the
+    gap (``think_time``); None when they fit."""
+    if tool_s + human_s <= think_s + _SLACK_S:
+        return None
+    return (
+        f"tool_wait + human_wait ({tool_s:g} + {human_s:g}) exceed think_time "
+        f"({think_s:g})"
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class GapRule:

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.errors import Problem, TraceError, TraceFormatError
+from traces.gaps import parts_past_gap
 from traces.model import MAX_TOKENS, HashIds, Session, Subagent, Trace
 from traces.table import (
     GAP_PARTS,
@@ -503,6 +504,15 @@ def check_rows(
             ok |= np.isnan(col)
         for i in np.flatnonzero(~ok).tolist():
             at(i, fld, f"expected a finite number >= 0, got {col[i]}")
+    if rows.tool_wait_s is not None or rows.human_wait_s is not None:
+        think = rows.think_time_s
+        tool, human = (
+            np.nan_to_num(part_column(rows, name, 0, len(rows))) for name in GAP_PARTS
+        )
+        for i in np.flatnonzero(tool + human > think).tolist():
+            past = parts_past_gap(float(think[i]), float(tool[i]), float(human[i]))
+            if past is not None:
+                at(i, "tool_wait", past)
     inputs = np.clip(rows.input_tokens, 0, MAX_TOKENS)
     full, ceil = inputs // block, -(-inputs // block)
     n = rows.n_blocks

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from traces.errors import Problem
+from traces.gaps import parts_past_gap
 from traces.model import MAX_TOKENS, Request, Session, Subagent
 from traces.table import RequestRows, table_of
 
@@ -228,13 +229,9 @@ def _parse_request(
     think = _number(ctx, obj, "think_time", index) or 0.0
     tool = _number(ctx, obj, "tool_wait", index)
     human = _number(ctx, obj, "human_wait", index)
-    if (tool or 0.0) + (human or 0.0) > think + _TIME_SLACK_S:
-        ctx.add(
-            index,
-            "tool_wait",
-            f"tool_wait + human_wait ({tool or 0.0:g} + {human or 0.0:g}) "
-            f"exceed think_time ({think:g})",
-        )
+    past = parts_past_gap(think, tool or 0.0, human or 0.0)
+    if past is not None:
+        ctx.add(index, "tool_wait", past)
     return Request(
         input_tokens=in_tokens,
         output_tokens=out_tokens,

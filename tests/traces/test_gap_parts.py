@@ -254,6 +254,15 @@ def test_parts_past_the_gap_are_a_named_problem(tmp_path: Path) -> None:
     assert "request 0, field 'tool_wait'" in text
     assert "tool_wait + human_wait (0.8 + 0.5) exceed think_time (1)" in text
     assert "request 1, field 'tool_wait': must be >= 0 (got -1)" in text
+    # A trace store's rows get the same check.
+    store = write_trace(
+        trace_of(session("s", [_parted(1.0, 0.8, 0.5)])), tmp_path / "bad.parquet"
+    )
+    with pytest.raises(TraceFormatError) as err:
+        read_trace(store)
+    (problem,) = err.value.problems
+    assert problem.field == "tool_wait"
+    assert problem.reason == "tool_wait + human_wait (0.8 + 0.5) exceed think_time (1)"
 
 
 def test_cli_trace_stats_and_convert_keep_the_parts(
