@@ -3,6 +3,7 @@ down. No global settings; the library never reads the environment."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -10,6 +11,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from replayer.errors import ConfigError
+from traces.gaps import GapRule
 from traces.materialize import Api, PromptConfig
 
 Mode = Literal["concurrency", "session_rate", "timestamps"]
@@ -249,7 +251,8 @@ class ReplayConfig:
     prompt: PromptConfig = field(default_factory=PromptConfig)
     schedule: Schedule = field(default_factory=Lanes)
     think_scale: float = 1.0  # multiplies the trace's think gaps
-    think_cap_s: float | None = None  # caps each (scaled) think gap
+    think_cap_s: float | None = None  # caps each (scaled) think gap, tool time apart
+    tool_scale: float = 1.0  # multiplies the gaps' tool time (traces.gaps)
     warmup_s: float = 0.0  # rows scheduled before this are flagged warmup
     duration_s: float | None = None  # stop starting work after this
     drain: Drain = "finish"  # at duration end: finish or cancel in-flight requests
@@ -338,6 +341,8 @@ class ReplayConfig:
             raise ConfigError(f"think scale must be >= 0 (got {self.think_scale})")
         if self.think_cap_s is not None and self.think_cap_s < 0:
             raise ConfigError(f"think cap must be >= 0 s (got {self.think_cap_s})")
+        if not 0 <= self.tool_scale < math.inf:
+            raise ConfigError(f"tool scale must be >= 0 (got {self.tool_scale})")
         if self.warmup_s < 0:
             raise ConfigError(f"warm-up must be >= 0 s (got {self.warmup_s})")
         if self.duration_s is not None and self.duration_s <= 0:
@@ -404,6 +409,11 @@ class ReplayConfig:
         n = max(1, round(trace_output_tokens * self.output_scale))
         cap = self.max_output_tokens
         return n if cap is None else min(n, cap)
+
+    @property
+    def gap_rule(self) -> GapRule:
+        """The gap before each request: think and tool time scaled apart."""
+        return GapRule(self.think_scale, self.think_cap_s, self.tool_scale)
 
     @property
     def phased(self) -> bool:

@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from traces.cache import CacheRequest
 from traces.errors import TraceError
+from traces.gaps import GapRule
 from traces.model import Trace
 from traces.sendorder import SentRequest, send_order
 from traces.stats import _rows_by_session, _runs, ideal_hit_tokens
@@ -405,17 +406,18 @@ def trace_model(
     think_scale: float = 1.0,
     think_cap_s: float | None = None,
     max_inflight: int | None = None,
+    tool_scale: float = 1.0,
 ) -> CacheModel:
     """The cache model of ``trace`` sent as a replay at ``concurrency`` lanes (at most
     ``max_inflight`` requests in flight) would send it (``traces.sendorder``)."""
-    return _ordered_model(trace, concurrency, think_scale, think_cap_s, max_inflight)[1]
+    rule = GapRule(think_scale, think_cap_s, tool_scale)
+    return _ordered_model(trace, concurrency, rule, max_inflight)[1]
 
 
 def _ordered_model(
     trace: Trace,
     concurrency: int,
-    think_scale: float,
-    think_cap_s: float | None,
+    rule: GapRule,
     max_inflight: int | None,
 ) -> tuple[list[SentRequest], CacheModel]:
     """The send order and its cache model."""
@@ -423,9 +425,10 @@ def _ordered_model(
     order = send_order(
         trace,
         concurrency=concurrency,
-        think_scale=think_scale,
-        think_cap_s=think_cap_s,
+        think_scale=rule.think_scale,
+        think_cap_s=rule.think_cap_s,
         max_inflight=max_inflight,
+        tool_scale=rule.tool_scale,
     )
     rows = _rows_by_session(trace)
     runs_of: dict[int, tuple[list[int], list[int]]] = {}
@@ -518,6 +521,7 @@ class CacheCurve:
     max_inflight: int | None = None
     server_kv_tokens: int | None = None
     server: CurvePoint | None = None  # the curve at the server's KV size
+    tool_scale: float = 1.0  # the gaps' tool time (traces.gaps)
 
     @property
     def server_above_knee(self) -> bool | None:
@@ -554,6 +558,7 @@ def cache_curve(
     block_tokens: int | None = None,
     server_kv_tokens: int | None = None,
     max_inflight: int | None = None,
+    tool_scale: float = 1.0,
 ) -> CacheCurve:
     """LRU, Belady and the ceiling at each budget (tokens of ``block_tokens`` per
     block: the server's tokens per trace block, default the trace's block size), the
@@ -599,9 +604,8 @@ def cache_curve(
     misses are exactly the first sightings of its blocks, so the unbounded LRU equals it
     in any order.
     """
-    order, model = _ordered_model(
-        trace, concurrency, think_scale, think_cap_s, max_inflight
-    )
+    rule = GapRule(think_scale, think_cap_s, tool_scale)
+    order, model = _ordered_model(trace, concurrency, rule, max_inflight)
     bt = block_tokens or model.block_size
     if bt < 1:
         raise ValueError(f"block_tokens must be >= 1 (got {bt})")
@@ -643,4 +647,5 @@ def cache_curve(
         max_inflight=max_inflight,
         server_kv_tokens=server_kv_tokens,
         server=None if server_kv_tokens is None else point(server_kv_tokens),
+        tool_scale=tool_scale,
     )

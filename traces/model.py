@@ -49,6 +49,12 @@ class Request:
     output_types: tuple[str, ...] = ()
     # Unknown fields, kept verbatim.
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # The think gap's parts, where the source knows them (None: not known; the gap
+    # is then one part). tool_wait_s: the union of the tool spans within the gap;
+    # human_wait_s: the wait for the user's input; the rest (other_wait_s) is
+    # model-side and local time. tool + human <= think_time_s.
+    tool_wait_s: float | None = None
+    human_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hash_ids", _frozen_ids(self.hash_ids))
@@ -70,6 +76,18 @@ class Request:
             and self.input_types == other.input_types
             and self.output_types == other.output_types
             and dict(self.extra) == dict(other.extra)
+            and self.tool_wait_s == other.tool_wait_s
+            and self.human_wait_s == other.human_wait_s
+        )
+
+    @property
+    def other_wait_s(self) -> float | None:
+        """The think gap less its tool and human parts (None: neither is known)."""
+        if self.tool_wait_s is None and self.human_wait_s is None:
+            return None
+        return max(
+            0.0,
+            self.think_time_s - (self.tool_wait_s or 0.0) - (self.human_wait_s or 0.0),
         )
 
     __hash__ = None  # type: ignore[assignment]

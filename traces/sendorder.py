@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from traces.gaps import GapRule
 from traces.model import Session, Trace
 from traces.table import request_column
 
@@ -74,6 +75,7 @@ def send_order(
     think_scale: float = 1.0,
     think_cap_s: float | None = None,
     max_inflight: int | None = None,
+    tool_scale: float = 1.0,
 ) -> list[SentRequest]:
     """Every request of ``trace`` in the order a replay at ``concurrency`` lanes sends
     it, at most ``max_inflight`` in flight (see the module docstring for the timing
@@ -86,8 +88,9 @@ def send_order(
     - N lanes; a lane plays one session tree and takes the next tree (trace order) when
       its whole tree has drained, subagents included. All lanes start at time 0.
     - In a session, request 0 is sent when the session starts; request i > 0 is sent
-      ``think_time_s * think_scale`` (capped at ``think_cap_s``) after request i - 1
-      ends.
+      its gap after request i - 1 ends: the engine's rule, ``traces.gaps.GapRule``
+      (the non-tool part of ``think_time_s`` times ``think_scale``, capped at
+      ``think_cap_s``, plus its ``tool_wait_s`` times ``tool_scale``).
     - A subagent starts when its anchor request ends (at the session start for anchor
       -1); its first request waits its own scaled think time, as the engine does. The
       parent request at the join waits until every subagent joined there has ended. A
@@ -108,11 +111,7 @@ def send_order(
     if max_inflight is not None and max_inflight < 1:
         raise ValueError(f"max in-flight must be >= 1 (got {max_inflight})")
     slots = math.inf if max_inflight is None else max_inflight
-    if not think_scale >= 0 or math.isinf(think_scale):
-        raise ValueError(f"think scale must be >= 0 (got {think_scale})")
-    cap_s = math.inf if think_cap_s is None else think_cap_s
-    if not cap_s >= 0:
-        raise ValueError(f"think cap must be >= 0 s (got {think_cap_s})")
+    rule = GapRule(think_scale, think_cap_s, tool_scale)
     fallback_s = _median_api_s(trace)
     seq = itertools.count()
     # (time, seq, kind, play): kind 0 = send request play.next_index, 1 = it ends.
@@ -129,16 +128,13 @@ def send_order(
         parent: _Play | None,
         join: int | None,
     ) -> None:
-        thinks = np.minimum(
-            request_column(session.requests, "think_time_s") * think_scale, cap_s
-        )
         play = _Play(
             session,
             tree,
             parent,
             join,
             _durations(session, fallback_s),
-            thinks.tolist(),
+            rule.gaps_s(session.requests).tolist(),
         )
         tree.live += 1
         for sub in session.subagents:
@@ -157,7 +153,7 @@ def send_order(
             if sub.anchor_index != anchor:
                 continue
             reqs = sub.session.requests
-            delay = min(reqs[0].think_time_s * think_scale, cap_s) if reqs else 0.0
+            delay = float(rule.gaps_s(reqs[:1])[0]) if reqs else 0.0
             start_session(sub.session, play.tree, at_s + delay, play, sub.join_index)
 
     def end_session(play: _Play, at_s: float) -> None:

@@ -12,7 +12,14 @@ import numpy as np
 import numpy.typing as npt
 
 from traces.model import HashIds, Session, Trace
-from traces.table import IntArray, RequestTable, Rows, session_rows
+from traces.table import (
+    FloatArray,
+    IntArray,
+    RequestTable,
+    Rows,
+    part_column,
+    session_rows,
+)
 
 RequestKey = tuple[str, int]  # (session_id, request_index)
 _Range = tuple[Session, int, int]  # requests [start, stop) of one session
@@ -229,6 +236,15 @@ class TraceStats:
     output_tokens: dict[str, float]
     requests_per_session: dict[str, float]  # per tree, subagents included
     think_time_s: dict[str, float]  # gaps before each request after the first
+    # The gaps whose parts the trace knows (imported agent logs; traces.model.Request)
+    # and their parts: tool time, the rest (non-tool), and the rest's human and other
+    # parts; the share of their time spent in tools. None: no gap's parts known.
+    gaps_with_parts: int
+    tool_wait_s: dict[str, float] | None
+    non_tool_wait_s: dict[str, float] | None
+    human_wait_s: dict[str, float] | None
+    other_wait_s: dict[str, float] | None
+    tool_time_share: float | None
     total_input_tokens: int
     total_output_tokens: int
     ideal_cache_hit_rate: float
@@ -247,6 +263,12 @@ class TraceStats:
             "output_tokens": self.output_tokens,
             "requests_per_session": self.requests_per_session,
             "think_time_s": self.think_time_s,
+            "gaps_with_parts": self.gaps_with_parts,
+            "tool_wait_s": self.tool_wait_s,
+            "non_tool_wait_s": self.non_tool_wait_s,
+            "human_wait_s": self.human_wait_s,
+            "other_wait_s": self.other_wait_s,
+            "tool_time_share": self.tool_time_share,
             "total_input_tokens": self.total_input_tokens,
             "total_output_tokens": self.total_output_tokens,
             "ideal_cache_hit_rate": self.ideal_cache_hit_rate,
@@ -254,6 +276,12 @@ class TraceStats:
             "hash_id_scopes": self.hash_id_scopes,
             "source_format": self.source_format,
         }
+
+
+def _part_column(name: str, spans: Sequence[tuple[Rows, int, int]]) -> FloatArray:
+    """One think-gap part over ``spans`` (NaN where not known)."""
+    parts = [part_column(t, name, s0 + a, s0 + b) for (t, s0, _), a, b in spans]
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def trace_stats(trace: Trace) -> TraceStats:
@@ -276,6 +304,18 @@ def trace_stats(trace: Trace) -> TraceStats:
         (rows[id(s)], 1, len(s.requests)) for s, _ in sessions if len(s.requests) > 1
     ]
     thinks = column("think_time_s", after_first).astype(np.float64)
+    tool, human = (
+        _part_column(name, after_first) for name in ("tool_wait_s", "human_wait_s")
+    )
+    known = ~(np.isnan(tool) & np.isnan(human))
+    tool_k = np.nan_to_num(tool[known])
+    non_tool = np.maximum(thinks[known] - tool_k, 0.0)
+    human_k = np.nan_to_num(human[known])
+    gap_total = float(thinks[known].sum())
+
+    def part(values: npt.NDArray[Any]) -> dict[str, float] | None:
+        return _summary(values) if known.any() else None
+
     per_tree = np.array([s.request_count() for s in trace.sessions], dtype=np.int64)
     total_hit = sum(int(h.sum()) for _, h in ideal_hit_tokens(trace, rows))
     total_in = int(ins.sum())
@@ -288,6 +328,12 @@ def trace_stats(trace: Trace) -> TraceStats:
         output_tokens=_summary(outs),
         requests_per_session=_summary(per_tree),
         think_time_s=_summary(thinks),
+        gaps_with_parts=int(known.sum()),
+        tool_wait_s=part(tool_k),
+        non_tool_wait_s=part(non_tool),
+        human_wait_s=part(human_k),
+        other_wait_s=part(np.maximum(non_tool - human_k, 0.0)),
+        tool_time_share=float(tool_k.sum()) / gap_total if gap_total else None,
         total_input_tokens=total_in,
         total_output_tokens=int(outs.sum()),
         ideal_cache_hit_rate=total_hit / total_in if total_in else float("nan"),

@@ -14,8 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.errors import Problem, TraceError, TraceFormatError
+from traces.gaps import parts_past_gap
 from traces.model import MAX_TOKENS, HashIds, Session, Subagent, Trace
 from traces.table import (
+    GAP_PARTS,
     ChainBuilder,
     IntArray,
     Labels,
@@ -23,6 +25,7 @@ from traces.table import (
     RequestTable,
     Rows,
     frozen,
+    part_column,
     request_extras,
     session_rows,
 )
@@ -228,12 +231,19 @@ def write_store(trace: Trace, out: Path) -> None:
         pa.array(n_blocks),
         *_encode_runs(values, added),
     ]
+    # The think gap's parts: a column each only when some row knows it.
+    schema = _SCHEMA
+    for name in GAP_PARTS:
+        if any(t.gap_part(name) is not None for t, _, _ in parts):
+            col = np.concatenate([part_column(t, name, a, b) for t, a, b in parts])
+            arrays.append(pa.array(col, mask=np.isnan(col)))
+            schema = schema.append(pa.field(name, pa.float64()))
     meta = {
         "format": STORE_FORMAT,
         "source_format": trace.source_format,
         "sessions": [_session_meta(*f) for f in flat],
     }
-    table = pa.Table.from_arrays(arrays, schema=_SCHEMA).replace_schema_metadata(
+    table = pa.Table.from_arrays(arrays, schema=schema).replace_schema_metadata(
         {_META_KEY: orjson.dumps(meta)}
     )
     tmp = out.with_name(f".{out.name}.tmp")
@@ -412,6 +422,11 @@ def read_store(path: Path) -> Trace:
             ids_offset=ids_offset,
             n_blocks=col("n_blocks").to_numpy(),
             extra=_extra(col("extra")),
+            **{
+                name: col(name).to_numpy()  # nulls come back as NaN
+                for name in GAP_PARTS
+                if name in table.column_names
+            },
         )
     except ValueError as exc:
         raise TraceError(f"{path}: trace store is corrupt: {exc}") from exc
@@ -478,13 +493,26 @@ def check_rows(
         ("think_time_s", "think_time", False),
         ("api_time_s", "api_time", True),
         ("ttft_s", "ttft", True),
+        ("tool_wait_s", "tool_wait", True),
+        ("human_wait_s", "human_wait", True),
     ):
         col = getattr(rows, name)
+        if col is None:  # a think-gap part no row knows
+            continue
         ok = np.isfinite(col) & (col >= 0)
         if optional:
             ok |= np.isnan(col)
         for i in np.flatnonzero(~ok).tolist():
             at(i, fld, f"expected a finite number >= 0, got {col[i]}")
+    if rows.tool_wait_s is not None or rows.human_wait_s is not None:
+        think = rows.think_time_s
+        tool, human = (
+            np.nan_to_num(part_column(rows, name, 0, len(rows))) for name in GAP_PARTS
+        )
+        for i in np.flatnonzero(tool + human > think).tolist():
+            past = parts_past_gap(float(think[i]), float(tool[i]), float(human[i]))
+            if past is not None:
+                at(i, "tool_wait", past)
     inputs = np.clip(rows.input_tokens, 0, MAX_TOKENS)
     full, ceil = inputs // block, -(-inputs // block)
     n = rows.n_blocks

@@ -4,6 +4,7 @@ hold. No I/O. See docs/architecture.md."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Generic, TypeVar, overload
@@ -21,6 +22,9 @@ T = TypeVar("T", bound=Hashable)
 _NUMERIC = ("input_tokens", "output_tokens", "t_s", "think_time_s")
 _OPTIONAL = ("api_time_s", "ttft_s")  # NaN = not recorded
 _LABELS = ("kind", "model", "stop", "input_types", "output_types")
+# The think gap's parts (traces.model.Request): a column only when some row knows
+# it, NaN in the rows that do not.
+GAP_PARTS = ("tool_wait_s", "human_wait_s")
 
 
 def frozen(values: npt.ArrayLike, dtype: type[np.generic]) -> npt.NDArray[Any]:
@@ -88,6 +92,7 @@ _REQUEST_FIELDS = (
     "ttft_s",
     *_LABELS,
     "extra",
+    *GAP_PARTS,
 )
 if tuple(f.name for f in fields(Request)) != _REQUEST_FIELDS:
     raise ImportError("traces.table is out of step with traces.model.Request's fields")
@@ -105,6 +110,8 @@ if tuple(f.name for f in fields(Request)) != _REQUEST_FIELDS:
     _set_in_types,
     _set_out_types,
     _set_extra,
+    _set_tool,
+    _set_human,
 ) = (getattr(Request, name).__set__ for name in _REQUEST_FIELDS)
 
 
@@ -122,6 +129,8 @@ def _request(
     input_types: tuple[str, ...],
     output_types: tuple[str, ...],
     extra: Mapping[str, Any],
+    tool_wait_s: float | None,
+    human_wait_s: float | None,
 ) -> Request:
     # Unrolled slot stores: a loop over the slots costs 2.5x as much.
     r: Request = object.__new__(Request)
@@ -138,6 +147,8 @@ def _request(
     _set_in_types(r, input_types)
     _set_out_types(r, output_types)
     _set_extra(r, extra)
+    _set_tool(r, tool_wait_s)
+    _set_human(r, human_wait_s)
     return r
 
 
@@ -183,6 +194,9 @@ class RequestTable:
     n_blocks: IntArray
     # Row → its unknown fields, kept verbatim; most rows have none.
     extra: Mapping[int, Mapping[str, Any]] = field(default_factory=_no_extra)
+    # The think gap's parts (NaN: not known for that row); None when no row knows.
+    tool_wait_s: FloatArray | None = None
+    human_wait_s: FloatArray | None = None
     # Rows whose extra is not empty, sorted (derived from ``extra``).
     extra_rows: IntArray = field(init=False, repr=False)
     # The last rows built by ``request`` (a replay asks for one row several times).
@@ -195,6 +209,10 @@ class RequestTable:
             )
             object.__setattr__(self, name, frozen(getattr(self, name), dtype))
         object.__setattr__(self, "blocks", frozen(self.blocks, np.int64))
+        for name in GAP_PARTS:
+            col = getattr(self, name)
+            if col is not None:
+                object.__setattr__(self, name, frozen(col, np.float64))
         rows = sorted(i for i, e in self.extra.items() if e)
         object.__setattr__(self, "extra_rows", frozen(rows, np.int64))
         object.__setattr__(self, "_built", {})
@@ -202,6 +220,7 @@ class RequestTable:
         sizes = {getattr(self, name).size for name in (*_NUMERIC, *_OPTIONAL)}
         sizes |= {len(getattr(self, name)) for name in _LABELS}
         sizes |= {self.ids_offset.size, self.n_blocks.size}
+        sizes |= {c.size for c in map(self.gap_part, GAP_PARTS) if c is not None}
         if sizes != {n}:
             raise ValueError(f"request table columns differ in length: {sorted(sizes)}")
         if n and (
@@ -213,6 +232,11 @@ class RequestTable:
 
     def __len__(self) -> int:
         return int(self.input_tokens.size)
+
+    def gap_part(self, name: str) -> FloatArray | None:
+        """The column of one think-gap part (``GAP_PARTS``); None: no row knows it."""
+        col: FloatArray | None = getattr(self, name)
+        return col
 
     def hash_ids(self, i: int) -> HashIds:
         """Row ``i``'s hash ids: a read-only view into ``blocks``."""
@@ -242,8 +266,13 @@ class RequestTable:
             strict=True,
         )
         blocks, extra = self.blocks, self.extra
+        tools, humans = (
+            itertools.repeat(None) if c is None else iter(c[start:stop].tolist())
+            for c in map(self.gap_part, GAP_PARTS)
+        )
         for k, row in enumerate(rows, start):
             ins, outs, t, think, api, ttft, off, n, kind, model, stop_, i_t, o_t = row
+            tool, human = next(tools), next(humans)
             yield _request(
                 ins,
                 outs,
@@ -258,6 +287,8 @@ class RequestTable:
                 i_t,
                 o_t,
                 extra.get(k, {}),
+                None if tool != tool else tool,  # NaN: not known
+                None if human != human else human,
             )
 
     def rows(self, start: int = 0, stop: int | None = None) -> RequestRows:
@@ -281,6 +312,14 @@ class RequestTable:
                 chains.restart()
             offsets[i] = chains.add(r.hash_ids)
         nan = float("nan")
+        parts = {
+            name: np.array(
+                [nan if (v := getattr(r, name)) is None else v for r in reqs],
+                dtype=np.float64,
+            )
+            for name in GAP_PARTS
+            if any(getattr(r, name) is not None for r in reqs)
+        }
         return cls(
             input_tokens=np.array([r.input_tokens for r in reqs], dtype=np.int64),
             output_tokens=np.array([r.output_tokens for r in reqs], dtype=np.int64),
@@ -302,6 +341,7 @@ class RequestTable:
             ids_offset=offsets,
             n_blocks=np.array([r.hash_ids.size for r in reqs], dtype=np.int64),
             extra={i: r.extra for i, r in enumerate(reqs) if r.extra},
+            **parts,
         )
 
 
@@ -433,6 +473,13 @@ def _rows_equal(a: RequestRows, b: RequestRows) -> bool:
         lb: Labels[Any] = getattr(tb, name)
         if la.tolist(a.start, a.stop) != lb.tolist(b.start, b.stop):
             return False
+    for name in GAP_PARTS:
+        if not np.array_equal(
+            part_column(ta, name, a.start, a.stop),
+            part_column(tb, name, b.start, b.stop),
+            equal_nan=True,
+        ):
+            return False
     for k in range(len(a)):
         if dict(ta.extra.get(a.start + k, {})) != dict(tb.extra.get(b.start + k, {})):
             return False
@@ -442,6 +489,14 @@ def _rows_equal(a: RequestRows, b: RequestRows) -> bool:
         np.array_equal(ta.hash_ids(a.start + k), tb.hash_ids(b.start + k))
         for k in range(len(a))
     )
+
+
+def part_column(table: RequestTable, name: str, start: int, stop: int) -> FloatArray:
+    """Rows [start, stop) of one think-gap part, NaN where not known."""
+    col = table.gap_part(name)
+    if col is None:
+        return np.full(stop - start, np.nan)
+    return col[start:stop]
 
 
 Rows = tuple[RequestTable, int, int]
@@ -484,17 +539,20 @@ def table_of(requests: Sequence[Request]) -> RequestRows:
 def request_column(requests: Sequence[Request], name: str) -> npt.NDArray[Any]:
     """One numeric field of every request, as an array: ``input_tokens``,
     ``output_tokens``, ``t_s``, ``think_time_s``, ``api_time_s`` / ``ttft_s`` (NaN:
-    not recorded) or ``n_blocks``. A view, with no request objects built, when
+    not recorded), a think-gap part (``tool_wait_s``, ``human_wait_s``; NaN: not
+    known) or ``n_blocks``. A view, with no request objects built, when
     ``requests`` are rows; scans of a whole trace should use this."""
-    if name not in (*_NUMERIC, *_OPTIONAL, "n_blocks"):
+    if name not in (*_NUMERIC, *_OPTIONAL, *GAP_PARTS, "n_blocks"):
         raise ValueError(f"not a numeric request column: {name!r}")
+    if isinstance(requests, RequestRows) and name in GAP_PARTS:
+        return part_column(requests.table, name, requests.start, requests.stop)
     if isinstance(requests, RequestRows):
         col: npt.NDArray[Any] = getattr(requests.table, name)
         return col[requests.start : requests.stop]
     if name == "n_blocks":
         return np.array([r.hash_ids.size for r in requests], dtype=np.int64)
     values = [getattr(r, name) for r in requests]
-    if name in _OPTIONAL:
+    if name in (*_OPTIONAL, *GAP_PARTS):
         return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
     dtype = np.int64 if name in ("input_tokens", "output_tokens") else np.float64
     return np.array(values, dtype=dtype)

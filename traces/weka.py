@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from traces.errors import Problem
+from traces.gaps import parts_past_gap
 from traces.model import MAX_TOKENS, Request, Session, Subagent
 from traces.table import RequestRows, table_of
 
@@ -43,6 +44,8 @@ _REQUEST_KEYS = frozenset(
         "api_time",
         "think_time",
         "ttft",
+        "tool_wait",
+        "human_wait",
     }
 )
 _SUBAGENT_KEYS = frozenset(
@@ -223,12 +226,18 @@ def _parse_request(
     t = _number(ctx, obj, "t", index, required=True, signed=True) or 0.0
     kind = obj.get("type")
     extra = {k: v for k, v in obj.items() if k not in _REQUEST_KEYS}
+    think = _number(ctx, obj, "think_time", index) or 0.0
+    tool = _number(ctx, obj, "tool_wait", index)
+    human = _number(ctx, obj, "human_wait", index)
+    past = parts_past_gap(think, tool or 0.0, human or 0.0)
+    if past is not None:
+        ctx.add(index, "tool_wait", past)
     return Request(
         input_tokens=in_tokens,
         output_tokens=out_tokens,
         hash_ids=_hash_ids(ctx, obj, index, in_tokens if in_ok else None, block_size),
         t_s=t,
-        think_time_s=_number(ctx, obj, "think_time", index) or 0.0,
+        think_time_s=think,
         api_time_s=_number(ctx, obj, "api_time", index),
         ttft_s=_number(ctx, obj, "ttft", index),
         kind=str(kind),
@@ -237,6 +246,8 @@ def _parse_request(
         input_types=_str_list(ctx, obj, "input_types", index),
         output_types=_str_list(ctx, obj, "output_types", index),
         extra=extra,
+        tool_wait_s=tool,
+        human_wait_s=human,
     )
 
 
@@ -441,6 +452,10 @@ def _request_dict(r: Request) -> dict[str, Any]:
     if r.ttft_s is not None:
         d["ttft"] = r.ttft_s
     d["think_time"] = r.think_time_s
+    if r.tool_wait_s is not None:
+        d["tool_wait"] = r.tool_wait_s
+    if r.human_wait_s is not None:
+        d["human_wait"] = r.human_wait_s
     d.update(r.extra)
     return d
 

@@ -27,6 +27,7 @@ _REFUSED = {"api_key", "config"}
 _TOP = {
     "think_scale": "think-scale",
     "think_cap_s": "think-cap",
+    "tool_scale": "tool-scale",
     "warmup_s": "warmup",
     "duration_s": "duration",
     "drain": "drain",

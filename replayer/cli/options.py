@@ -127,13 +127,22 @@ def _options() -> list[Callable[[F], F]]:
             type=FACTOR,
             default=1.0,
             show_default=True,
-            help="Multiplies the trace's think gaps.",
+            help="Multiplies the trace's think gaps (their human and other time; "
+            "tool time where the trace knows it goes by --tool-scale).",
         ),
         click.option(
             "--think-cap",
             "think_cap_s",
             type=SECONDS,
-            help="Caps each (scaled) think gap, seconds.",
+            help="Caps each (scaled) think gap's non-tool time, seconds.",
+        ),
+        click.option(
+            "--tool-scale",
+            type=FACTOR,
+            default=1.0,
+            show_default=True,
+            help="Multiplies the think gaps' tool time (the union of the tool "
+            "spans, where the trace knows it; imported agent logs do).",
         ),
         click.option(
             "--warmup",
@@ -598,6 +607,7 @@ def build_config(opts: dict[str, Any], *, concurrency: int | None) -> ReplayConf
         schedule=schedule,
         think_scale=opts["think_scale"],
         think_cap_s=opts["think_cap_s"],
+        tool_scale=opts["tool_scale"],
         warmup_s=opts["warmup_s"],
         duration_s=opts["duration_s"],
         drain=opts["drain"],

@@ -65,15 +65,30 @@ def format_stats(d: dict[str, Any], path: Path) -> str:
         f"ideal cache hit  {d['ideal_cache_hit_rate']:.2%}",
         f"block size       {', '.join(map(str, d['block_sizes']))} tokens "
         f"({'/'.join(d['hash_id_scopes'])} hash ids)",
+        "gap parts        "
+        + (
+            f"known for {d['gaps_with_parts']:,} gaps: tool time "
+            f"{d['tool_time_share']:.1%} of their time"
+            if d["gaps_with_parts"]
+            else "not known (one think gap a request)"
+        ),
         "",
         f"{'per request':<22}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}{'max':>12}",
     ]
-    for label, key in (
+    rows = [
         ("input tokens", "input_tokens"),
         ("output tokens", "output_tokens"),
         ("think time (s)", "think_time_s"),
-        ("requests per session", "requests_per_session"),
-    ):
+    ]
+    if d["gaps_with_parts"]:  # the gaps' parts, where the trace knows them
+        rows += [
+            ("  tool wait (s)", "tool_wait_s"),
+            ("  non-tool wait (s)", "non_tool_wait_s"),
+            ("    human wait (s)", "human_wait_s"),
+            ("    other (s)", "other_wait_s"),
+        ]
+    rows.append(("requests per session", "requests_per_session"))
+    for label, key in rows:
         row = d[key]
         cells = "".join(
             f"{'-':>12}" if not math.isfinite(row[k]) else f"{row[k]:>12,.1f}"
@@ -248,6 +263,13 @@ def _token_list(
     help="Caps each (scaled) think gap, seconds, as `replayer run --think-cap`.",
 )
 @click.option(
+    "--tool-scale",
+    type=FACTOR,
+    default=1.0,
+    show_default=True,
+    help="Multiplies the gaps' tool time, as `replayer run --tool-scale`.",
+)
+@click.option(
     "--max-inflight",
     type=count(1),
     help="Cap on requests in flight, as `replayer run --max-inflight`.",
@@ -302,6 +324,7 @@ def trace_cache_curve_cmd(
     concurrency: int,
     think_scale: float,
     think_cap: float | None,
+    tool_scale: float,
     max_inflight: int | None,
     budgets: list[int] | None,
     block_tokens: int | None,
@@ -344,6 +367,7 @@ def trace_cache_curve_cmd(
             block_tokens=block_tokens,
             server_kv_tokens=server_kv_tokens,
             max_inflight=max_inflight,
+            tool_scale=tool_scale,
         )
     d = curve_dict(curve, bytes_per_token)
     if engine is not None:
@@ -358,6 +382,7 @@ def trace_cache_curve_cmd(
                 concurrency=concurrency,
                 think_scale=think_scale,
                 think_cap_s=think_cap,
+                tool_scale=tool_scale,
                 max_inflight=max_inflight,
                 block_tokens=block_tokens,
                 sim_args=overrides,
@@ -398,6 +423,7 @@ def curve_dict(curve: CacheCurve, bytes_per_token: int | None) -> dict[str, Any]
         "concurrency": curve.concurrency,
         "think_scale": curve.think_scale,
         "think_cap_s": curve.think_cap_s,
+        "tool_scale": curve.tool_scale,
         "max_inflight": curve.max_inflight,
         "block_tokens": curve.block_tokens,
         "bytes_per_token": bytes_per_token,
@@ -443,7 +469,9 @@ def format_curve(d: dict[str, Any], path: Path) -> str:
         f"trace        {path}  ({d['requests']:,} requests, concurrency "
         f"{d['concurrency']}"
         + ("" if cap is None else f", at most {cap} in flight")
-        + f", think scale {d['think_scale']:g}, {d['block_tokens']} tokens per block)",
+        + f", think scale {d['think_scale']:g}"
+        + ("" if d["tool_scale"] == 1 else f", tool scale {d['tool_scale']:g}")
+        + f", {d['block_tokens']} tokens per block)",
         f"ceiling      {_pct(ceiling)}  (infinite KV = the ideal hit)",
         f"in flight    ~{inflight:,} tokens  (p90 of the prompt + output tokens in "
         "flight at a send)",

@@ -5,7 +5,7 @@ See docs/replaying.md."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from replayer.play.progress import RunCounters
     from replayer.play.recorder import ParquetRecorder
     from traces.materialize import Materializer, Prompt, Reply
-    from traces.model import Session
+    from traces.model import Request, Session
 
 
 class PromptBuilder:
@@ -105,13 +105,12 @@ class RunContext:
     def rel(self, abs_ns: int) -> int:
         return abs_ns - self.t0_ns
 
-    def think_ns(self, think_time_s: float) -> int:
-        """A trace think gap, scaled and capped, in ns."""
-        gap = think_time_s * self.config.think_scale
-        cap = self.config.think_cap_s
-        if cap is not None:
-            gap = min(gap, cap)
-        return int(gap * 1e9)
+    def gaps_ns(self, requests: Sequence[Request]) -> list[int]:
+        """The gap before each of ``requests`` (one session's), ns: the trace's think
+        gaps under the run's gap rule (``traces.gaps``: tool time scaled apart)."""
+        gaps_s = self.config.gap_rule.gaps_s(requests)
+        gaps: list[int] = (gaps_s * 1e9).astype(np.int64).tolist()
+        return gaps
 
 
 def request_body(endpoint: EndpointConfig) -> Callable[[bytes, int], bytes]:
@@ -247,16 +246,20 @@ async def _play_turns(
     # --live-assistant: this replay's own replies, by request index.
     replies: dict[int, Reply] | None = {} if ctx.config.live_assistant else None
 
-    def gap_ns(think_time_s: float, after_abs: int) -> int:
+    gaps = ctx.gaps_ns(session.requests)
+
+    def gap_ns(i: int, after_abs: int) -> int:
         # The cache-pressure warm-up plays with zero think gaps.
-        return ctx.think_ns(think_time_s) if stop.measuring(after_abs) else 0
+        return gaps[i] if stop.measuring(after_abs) else 0
 
     def spawn(anchor: int, at_abs_ns: int) -> None:
         for k, sub in enumerate(session.subagents):
             if sub.anchor_index != anchor:
                 continue
-            first = sub.session.requests[0] if sub.session.requests else None
-            delay = gap_ns(first.think_time_s, at_abs_ns) if first else 0
+            # Its first request waits its own gap (none in the cache warm-up).
+            delay = 0
+            if sub.session.requests and stop.measuring(at_abs_ns):
+                delay = ctx.gaps_ns(sub.session.requests[:1])[0]
             if idle is not None:
                 idle.busy()
             task = tg.create_task(
@@ -289,7 +292,7 @@ async def _play_turns(
         elif i == 0:
             due = start_abs_ns
         else:
-            due = prev_end_abs + gap_ns(req.think_time_s, prev_end_abs)
+            due = prev_end_abs + gap_ns(i, prev_end_abs)
         joins = spawned.pop(i, [])
         if joins:
             if idle is not None:

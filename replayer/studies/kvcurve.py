@@ -33,6 +33,7 @@ def engine_curve(
     think_scale: float,
     think_cap_s: float | None,
     max_inflight: int | None,
+    tool_scale: float = 1.0,
     block_tokens: int | None,
     sim_args: Sequence[str] = (),
 ) -> list[EnginePoint]:
@@ -55,6 +56,7 @@ def engine_curve(
                 schedule=Lanes(concurrency=concurrency),
                 think_scale=think_scale,
                 think_cap_s=think_cap_s,
+                tool_scale=tool_scale,
                 max_inflight=max_inflight,
                 scrape_interval_s=0.0,
                 sim_args=(

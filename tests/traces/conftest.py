@@ -44,6 +44,10 @@ def requests(draw: st.DrawFn, block_size: int, t_s: float) -> Request:
     tail_hashed = partial > 0 and n_blocks > 0 and draw(st.booleans())
     in_tokens = (n_blocks - (1 if tail_hashed else 0)) * block_size + partial
     kind = draw(st.sampled_from(["n", "s"]))
+    think = draw(_TIMES)
+    # The gap's parts, when known: tool + human within the gap.
+    tool = draw(st.none() | st.floats(0, think))
+    human = draw(st.none() | st.floats(0, think - (tool or 0.0)))
     return Request(
         input_tokens=in_tokens,
         output_tokens=draw(st.integers(0, 5000)),
@@ -51,7 +55,7 @@ def requests(draw: st.DrawFn, block_size: int, t_s: float) -> Request:
             draw(st.lists(_IDS, min_size=n_blocks, max_size=n_blocks)), dtype=np.int64
         ),
         t_s=t_s,
-        think_time_s=draw(_TIMES),
+        think_time_s=think,
         api_time_s=draw(_OPT_TIMES),
         ttft_s=draw(_OPT_TIMES) if kind == "s" else None,
         kind=kind,
@@ -60,6 +64,8 @@ def requests(draw: st.DrawFn, block_size: int, t_s: float) -> Request:
         input_types=tuple(draw(_TYPES)),
         output_types=tuple(draw(_TYPES)),
         extra=draw(_EXTRA),
+        tool_wait_s=tool,
+        human_wait_s=human,
     )
 
 

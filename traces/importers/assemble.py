@@ -3,6 +3,7 @@ and subagent spawn and join points. See docs/traces.md#bring-your-own-agent-traf
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -40,6 +41,47 @@ def _times(calls: Sequence[Call]) -> list[tuple[float | None, float | None]]:
         elif start is not None:
             prev_end = start
     return out
+
+
+class _Union:
+    """The union of a thread's tool spans, and how much of an interval it covers."""
+
+    def __init__(self, spans: Sequence[tuple[float, float]]) -> None:
+        self.lo: list[float] = []
+        self.hi: list[float] = []
+        for a, b in sorted(s for s in spans if s[1] > s[0]):
+            if self.hi and a <= self.hi[-1]:
+                self.hi[-1] = max(self.hi[-1], b)
+            else:
+                self.lo.append(a)
+                self.hi.append(b)
+        self.before = [0.0]  # covered length of the spans before each one
+        for a, b in zip(self.lo, self.hi, strict=True):
+            self.before.append(self.before[-1] + b - a)
+
+    def _upto(self, x: float) -> float:
+        k = bisect.bisect_right(self.lo, x) - 1
+        if k < 0:
+            return 0.0
+        return self.before[k] + min(x, self.hi[k]) - self.lo[k]
+
+    def covered(self, a: float, b: float) -> float:
+        """The length of [a, b] the union covers."""
+        return self._upto(b) - self._upto(a) if b > a else 0.0
+
+
+def _gap_parts(
+    union: _Union, prev_end: float, start: float, human_at: float | None, think: float
+) -> tuple[float, float]:
+    """(tool, human) seconds of the gap [prev_end, start] (``think`` long, rounded):
+    tool time is the union of the tool spans within it; human time runs from the
+    gap's start to the person's input, less tool time."""
+    tool = min(_ms(union.covered(prev_end, start)), think)
+    human = 0.0
+    if human_at is not None and human_at > prev_end:
+        upto = min(human_at, start)
+        human = (upto - prev_end) - union.covered(prev_end, upto)
+    return tool, min(_ms(max(human, 0.0)), _ms(think - tool))
 
 
 class _Builder:
@@ -164,10 +206,14 @@ class _Builder:
         ids = self._ids(t, growth)
         requests: list[Request] = []
         prev_end: float | None = None
+        union = _Union(t.tool_spans)
         for k, (call, (start, end)) in enumerate(zip(t.calls, times, strict=True)):
-            think = 0.0
+            think = tool = human = 0.0
             if k and start is not None and prev_end is not None:
                 think = _ms(max(0.0, start - prev_end))
+                # A subagent's inputs come from its parent agent, not a person.
+                human_at = call.human_at if root else None
+                tool, human = _gap_parts(union, prev_end, start, human_at, think)
             requests.append(
                 Request(
                     input_tokens=call.input_tokens,
@@ -186,6 +232,8 @@ class _Builder:
                     input_types=call.input_types,
                     output_types=call.output_types,
                     extra=_request_extra(call),
+                    tool_wait_s=tool,
+                    human_wait_s=human,
                 )
             )
             if end is not None:
@@ -287,7 +335,12 @@ def assemble(
 
     Times. A call's ``t`` is its start minus its thread's first start; its
     ``think_time`` is its start minus the previous call's end (the user's or the tools'
-    time); its ``api_time`` is its end minus its start. Starts never precede the
+    time); its ``api_time`` is its end minus its start. The think gap's parts:
+    ``tool_wait`` is the length of the gap the thread's tool spans (tool call to tool
+    result, overlapping ones counted once) cover; ``human_wait`` runs from the gap's
+    start to the last input a person typed before the call (root sessions only), less
+    tool time; the rest is other time (the agent's own work between calls), so the
+    parts always add up to ``think_time``. Starts never precede the
     previous call's end. A root session's ``start_t`` is its first start minus the
     import's first start, so absolute times of day are never written. Times are rounded
     to the millisecond, the logs' own resolution.

@@ -74,6 +74,7 @@ class _Pending:
     input_types: tuple[str, ...]
     texts: list[str]
     reset: bool
+    human_at: float | None = None
     usage: _Usage | None = None
     model: str | None = None
     stop: str | None = None
@@ -95,6 +96,8 @@ class _State:
     texts: list[str] = field(default_factory=list)
     reset: bool = False
     first_prompt: bytes | None = None
+    human_at: float | None = None  # the latest typed input since the last call
+    tool_use_at: dict[str, float] = field(default_factory=dict)  # id → call time
 
 
 @dataclass(slots=True)
@@ -189,9 +192,11 @@ class _Reader:
                     input_types=tuple(sorted(st.input_types)),
                     texts=st.texts,
                     reset=st.reset,
+                    human_at=st.human_at,
                 )
             )
             st.last_input, st.input_types, st.texts, st.reset = None, set(), [], False
+            st.human_at = None
         call = st.pending[idx]
         call.end = max(call.end, ts)
         usage = _usage(msg)
@@ -212,7 +217,9 @@ class _Reader:
             if btype == "tool_use" and isinstance(block.get("id"), str):
                 self.tool_calls[block["id"]] = (st.thread.key, idx)
                 inp = block.get("input")
-                if block.get("name") in _SPAWN_TOOLS and isinstance(inp, dict):
+                if block.get("name") not in _SPAWN_TOOLS:
+                    st.tool_use_at[block["id"]] = ts
+                elif isinstance(inp, dict):
                     prompt = inp.get("prompt")
                     self.spawn_tools[block["id"]] = (
                         inp.get("subagent_type"),
@@ -226,6 +233,8 @@ class _Reader:
     ) -> None:
         st.last_input = ts if st.last_input is None else max(st.last_input, ts)
         content = msg.get("content")
+        if _typed(rec, content):
+            st.human_at = ts if st.human_at is None else max(st.human_at, ts)
         if isinstance(content, str):
             st.input_types.add(TEXT)
             if st.sidechain and st.first_prompt is None and not st.pending:
@@ -239,6 +248,10 @@ class _Reader:
                 btype = block.get("type")
                 if btype in _INPUT_TYPES:
                     st.input_types.add(_INPUT_TYPES[btype])
+                if btype == "tool_result":
+                    called = st.tool_use_at.pop(str(block.get("tool_use_id")), None)
+                    if called is not None:
+                        st.thread.tool_spans.append((called, ts))
                 if self.want_text:
                     st.texts.extend(_block_texts(block))
             if st.sidechain and st.first_prompt is None and not st.pending:
@@ -285,6 +298,7 @@ class _Reader:
                         output_types=tuple(sorted(p.outputs)),
                         reset=p.reset,
                         texts=p.texts,
+                        human_at=p.human_at,
                     )
                 )
             if st.sidechain:
@@ -328,6 +342,20 @@ class _Reader:
             if link is not None and link[0] == st.session_id:
                 spawn.call_index = link[1]
         return spawn
+
+
+def _typed(rec: Mapping[str, Any], content: object) -> bool:
+    """Whether a ``user`` record is input a person typed: a message with text and no
+    tool result, not one Claude Code writes itself (``isMeta``, a compact summary)."""
+    if rec.get("isMeta") is True or rec.get("isCompactSummary") is True:
+        return False
+    if isinstance(content, str):
+        return True
+    blocks = (
+        [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+    )
+    kinds = {b.get("type") for b in blocks}
+    return "text" in kinds and "tool_result" not in kinds
 
 
 def _sidechain_roots(records: list[tuple[int, dict[str, Any]]]) -> dict[str, str]:
@@ -389,7 +417,11 @@ def read_claude_code(
 
     Times. A call starts at its last input before its first record: the user message or
     tool results (``type: user`` records) logged since the previous call; it ends at its
-    last record. Everything between is the think gap (user) or tool gap (tools).
+    last record. Everything between is the think gap. Its tool time is the union of
+    the thread's tool spans (a ``tool_use`` block's record to the ``tool_result``
+    naming its id; ``Task``/``Agent`` spawns left out, the subagent is replayed);
+    its human time runs up to the last message a person typed (text without a tool
+    result, not ``isMeta``, not a compact summary).
 
     Threads and subagents. The main thread of a session is its ``isSidechain: false``
     records (by ``sessionId``). Subagents (the ``Task``/``Agent`` tool) are sidechains:

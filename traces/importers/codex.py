@@ -63,12 +63,15 @@ class _Rollout:
     # The call being formed: inputs before its first output, then outputs.
     last_input: float | None = None
     input_types: set[str] = field(default_factory=set)
+    human_at: float | None = None  # the latest user message among them
     first_output: float | None = None
     outputs: set[str] = field(default_factory=set)
     call_texts: list[str] | None = None
     # Inputs and text seen after the current call's first output: the next call's.
     next_input: float | None = None
     next_types: set[str] = field(default_factory=set)
+    next_human: float | None = None
+    tool_call_at: dict[str, float] = field(default_factory=dict)  # call_id → time
     texts: list[str] = field(default_factory=list)
     reset: bool = False
     unfinished_line: int | None = None
@@ -150,12 +153,17 @@ class _Reader:
                 ro.texts.append(text)
 
     def _input(self, ro: _Rollout, ts: float, kind: str) -> None:
+        typed = kind == TEXT  # a user message; the rest are tool outputs
         if ro.first_output is None:
-            ro.last_input = ts if ro.last_input is None else max(ro.last_input, ts)
+            ro.last_input = _later(ro.last_input, ts)
             ro.input_types.add(kind)
+            if typed:
+                ro.human_at = _later(ro.human_at, ts)
         else:
-            ro.next_input = ts if ro.next_input is None else max(ro.next_input, ts)
+            ro.next_input = _later(ro.next_input, ts)
             ro.next_types.add(kind)
+            if typed:
+                ro.next_human = _later(ro.next_human, ts)
 
     def _output(self, ro: _Rollout, line: int, ts: float, kind: str) -> None:
         if ro.first_output is None:
@@ -182,6 +190,8 @@ class _Reader:
             name = payload.get("name")
             if isinstance(call_id, str) and isinstance(name, str) and "spawn" in name:
                 ro.spawn_names[call_id] = len(ro.thread.calls)
+            elif isinstance(call_id, str):
+                ro.tool_call_at[call_id] = ts
             if self.want_text:
                 ro.texts.extend(_call_texts(payload))
         elif ptype in _TOOL_OUTPUTS:
@@ -189,6 +199,11 @@ class _Reader:
             out = payload.get("output")
             text = out if isinstance(out, str) else orjson.dumps(out).decode()
             call_id = payload.get("call_id")
+            called = (
+                ro.tool_call_at.pop(call_id, None) if isinstance(call_id, str) else None
+            )
+            if called is not None:
+                ro.thread.tool_spans.append((called, ts))
             if isinstance(call_id, str) and call_id in ro.spawn_names:
                 ro.spawn_outputs.append((ro.spawn_names[call_id], text))
             if self.want_text:
@@ -237,11 +252,13 @@ class _Reader:
                 output_types=tuple(sorted(ro.outputs)),
                 reset=ro.reset,
                 texts=texts,
+                human_at=ro.human_at,
             )
         )
         ro.prev_end = ts
         ro.last_input, ro.input_types = ro.next_input, ro.next_types
         ro.next_input, ro.next_types = None, set()
+        ro.human_at, ro.next_human = ro.next_human, None
         ro.first_output, ro.outputs, ro.call_texts = None, set(), None
         ro.reset, ro.unfinished_line = False, None
 
@@ -261,6 +278,10 @@ class _Reader:
                 )
             ro.thread.spawn = spawn
         return [ro.thread for ro in self.rollouts]
+
+
+def _later(t: float | None, ts: float) -> float:
+    return ts if t is None else max(t, ts)
 
 
 def _message_texts(content: object) -> list[str]:
@@ -304,7 +325,9 @@ def read_codex(
     message (``response_item`` message with role ``user``, or ``event_msg``
     ``user_message``) or tool outputs (``function_call_output``,
     ``custom_tool_call_output``) since the previous call; it ends at its
-    ``token_count``.
+    ``token_count``. The think gap's tool time is the union of the tool spans (a
+    tool call to the output with its ``call_id``; ``spawn`` tools left out, the
+    subagent is replayed); its human time runs up to the last user message.
 
     Threads and subagents. One rollout file is one thread (``session_meta.payload.id``).
     A rollout whose ``session_meta.payload.source`` is ``{"subagent": {"thread_spawn":

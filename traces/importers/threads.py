@@ -36,6 +36,10 @@ class Call:
     output_types: tuple[str, ...] = ()
     reset: bool = False  # a compaction (or reset) marker precedes this call
     prefix_hint: int | None = None  # TraceLab: tokens shared with the previous call
+    # The latest input a person typed among this call's inputs (epoch seconds; None:
+    # its inputs were tool results or the agent's own): the gap before it waited
+    # for the user up to then.
+    human_at: float | None = None
     # Tokenizer mode only: the text logged since the previous call's first output
     # (that call's output, then this call's inputs), in order.
     texts: list[str] = field(default_factory=list)
@@ -62,6 +66,10 @@ class Thread:
     calls: list[Call] = field(default_factory=list)
     files: set[Path] = field(default_factory=set)
     spawn: Spawn | None = None
+    # (call, result) times of the thread's tool calls, epoch seconds: the gaps' tool
+    # time is their union. Subagent-spawning tools are left out: a replay waits for
+    # the subagent itself (its join).
+    tool_spans: list[tuple[float, float]] = field(default_factory=list)
 
     def first_start(self) -> float | None:
         """When the thread's first call was sent (or ended, if that is all we know)."""

@@ -4,6 +4,7 @@ See docs/traces.md#bring-your-own-agent-traffic."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,48 @@ _OUTPUT_EVENTS = {
 }
 
 
+@dataclass(slots=True)
+class _Tools:
+    """One session's tool calls: when each was made and when its result came."""
+
+    called: dict[str, float] = field(default_factory=dict)
+    answered: dict[str, float] = field(default_factory=dict)
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        """The ``tools[]`` of a row (``emitted_at``, ``result_at``) and its
+        ``tool_call`` / ``tool_result`` events, by ``tool_call_id``."""
+        tools = row.get("tools")
+        for tool in tools if isinstance(tools, list) else ():
+            if isinstance(tool, dict) and isinstance(tool.get("tool_call_id"), str):
+                self._at(self.called, tool["tool_call_id"], tool.get("emitted_at"))
+                self._at(self.answered, tool["tool_call_id"], tool.get("result_at"))
+        events = row.get("timing_events")
+        for ev in events if isinstance(events, list) else ():
+            if isinstance(ev, dict) and isinstance(ev.get("tool_call_id"), str):
+                kind = ev.get("event_type")
+                if kind in ("tool_call", "tool_result"):
+                    into = self.called if kind == "tool_call" else self.answered
+                    self._at(into, ev["tool_call_id"], ev.get("timestamp"))
+
+    @staticmethod
+    def _at(into: dict[str, float], key: str, value: object) -> None:
+        ts = parse_time(value)
+        if ts is not None:
+            into.setdefault(key, ts)
+
+    def spans(self) -> list[tuple[float, float]]:
+        return [
+            (t, self.answered[k]) for k, t in self.called.items() if k in self.answered
+        ]
+
+
 def _times(
     events: object,
-) -> tuple[float | None, float | None, tuple[str, ...], tuple[str, ...]]:
+) -> tuple[float | None, float | None, tuple[str, ...], tuple[str, ...], float | None]:
     start: float | None = None
     end: float | None = None
     first_out: float | None = None
+    human: float | None = None
     ins: set[str] = set()
     outs: set[str] = set()
     for ev in events if isinstance(events, list) else ():
@@ -36,6 +73,8 @@ def _times(
             ins.add(_INPUT_EVENTS[kind])
             if ts is not None:
                 start = ts if start is None else max(start, ts)
+                if kind == "user_message":
+                    human = ts if human is None else max(human, ts)
         elif kind in _OUTPUT_EVENTS:
             out_type = _OUTPUT_EVENTS[kind]
             if out_type is not None:
@@ -45,7 +84,7 @@ def _times(
                 first_out = ts if first_out is None else min(first_out, ts)
     if start is None:
         start = first_out
-    return start, end, tuple(sorted(ins)), tuple(sorted(outs))
+    return start, end, tuple(sorted(ins)), tuple(sorted(outs)), human
 
 
 def _row(
@@ -97,7 +136,7 @@ def _row(
         )
     if len(problems) > n or total is None or out is None:
         return None
-    start, end, ins, outs = _times(row.get("timing_events"))
+    start, end, ins, outs, human = _times(row.get("timing_events"))
     extra = {"reasoning_output_tokens": reasoning} if isinstance(reasoning, int) else {}
     call = Call(
         input_tokens=total,
@@ -110,6 +149,7 @@ def _row(
         input_types=ins,
         output_types=outs,
         prefix_hint=prefix,
+        human_at=human,
     )
     return str(sid), rnd if isinstance(rnd, int) else line, call
 
@@ -129,13 +169,18 @@ def read_tracelab(
 
     Times come from ``timing_events``: a call starts at its last ``user_message`` or
     ``tool_result`` event and ends at its last output event (``reasoning``, ``text``,
-    ``tool_call``, ``usage_report``). The released rows carry no subagent links, so
-    every session is a root. A row that breaks the schema is an error naming its file,
-    line and field; a partial last line (a file still being written) is skipped.
+    ``tool_call``, ``usage_report``). The think gap's tool time is the union of the
+    session's tool spans (``tools[]``: ``emitted_at`` to ``result_at``, else the
+    ``tool_call`` and ``tool_result`` events of one ``tool_call_id``); its human
+    time runs up to the call's last ``user_message`` event. The released rows carry
+    no subagent links, so every session is a root. A row that breaks the schema is
+    an error naming its file, line and field; a partial last line (a file still
+    being written) is skipped.
     """
     problems: list[Problem] = []
     rows: dict[str, list[tuple[int, int, Call]]] = {}
     threads: dict[str, Thread] = {}
+    tools: dict[str, _Tools] = {}
     for path in files:
         for line, row in read_records(path, report):
             got = _row(path, line, row, problems)
@@ -145,9 +190,11 @@ def read_tracelab(
             mine = rows.setdefault(sid, [])
             mine.append((order, len(mine), call))  # file order breaks ties
             threads.setdefault(sid, Thread(key=sid)).files.add(path)
+            tools.setdefault(sid, _Tools()).add(row)
     if problems:
         raise TraceFormatError(problems)
     for sid, items in rows.items():
         items.sort(key=lambda x: (x[0], x[1]))
         threads[sid].calls = [c for _, _, c in items]
+        threads[sid].tool_spans = tools[sid].spans()
     return list(threads.values())

@@ -39,8 +39,8 @@ def trace(tmp_path: Path) -> Path:
 
 
 _RUN_FLOATS = [
-    "--think-scale", "--think-cap", "--duration", "--warmup", "--idle-skip",
-    "--cache-warmup", "--speedup", "--session-rate", "--connect-timeout",
+    "--think-scale", "--think-cap", "--tool-scale", "--duration", "--warmup",
+    "--idle-skip", "--cache-warmup", "--speedup", "--session-rate", "--connect-timeout",
     "--read-timeout", "--request-timeout", "--max-error-rate", "--burstiness",
 ]  # fmt: skip
 

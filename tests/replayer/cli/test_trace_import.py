@@ -52,7 +52,9 @@ def test_cli_trace_import_stats_and_replay(shared_data: Path, tmp_path: Path) ->
     assert (d["sessions"], d["requests"]) == (1, 10)
     assert d["input_tokens"]["max"] == max(CLAUDE_INPUTS)
     run_dir = tmp_path / "run"
-    args = ["--quiet", "--think-scale", "0", "--sim-args", "--speed 50"]
+    # No waiting: the imported gaps' tool time (72 s) is kept unless scaled too.
+    args = ["--quiet", "--think-scale", "0", "--tool-scale", "0"]
+    args += ["--sim-args", "--speed 50"]
     done = _run("run", out, *args, "--out", run_dir)
     assert done.returncode == 0, done.stderr
     rows = pd.read_parquet(run_dir / "requests")
