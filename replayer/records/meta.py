@@ -564,6 +564,8 @@ class RecordedConfig:
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> RecordedConfig:
         """Read back what :meth:`as_dict` wrote (or another version did)."""
+        if not obj:
+            return cls()
         try:
             replay = ReplayConfig.from_metadata(obj)
         except ConfigError:
