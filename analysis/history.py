@@ -188,13 +188,13 @@ def config_name(server: dict[str, Any], meta: RunMeta) -> str:
     parts = [f"{k}={v}" for k, v in server.items() if v is not None]
     mode = meta.mode
     load = {
-        "concurrency": f"c={mode.concurrency}",
-        "session_rate": f"rate={mode.session_rate}/s",
-        "timestamps": f"timestamps x{mode.speedup}",
+        "concurrency": mode.concurrency and f"c={mode.concurrency}",
+        "session_rate": mode.session_rate and f"rate={mode.session_rate:g}/s",
+        "timestamps": mode.speedup and f"timestamps x{mode.speedup:g}",
     }.get(mode.kind, mode.kind)
     if meta.simulated:
         parts.insert(0, "sim")
-    return " ".join([*parts, load]) or load
+    return " ".join([*parts, *([load] if load else [])]) or "(no labels)"
 
 
 # -- rows (DuckDB over the run's Parquet) --------------------------------------------

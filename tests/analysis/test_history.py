@@ -374,3 +374,47 @@ def test_history_add_killed_midway_keeps_the_runs_it_had_added(
     done = _json("history", "add", *dirs, "--db", db)["runs"]
     assert {r["status"] for r in done if r["run_id"] in stored} == {"already"}
     assert len(_json("history", "show", "--db", db)["runs"]) == 40
+
+
+def test_report_history_draws_a_line_per_configuration_with_versions_marked(
+    tmp_path: Path,
+    make_run_dir: Callable[..., Path],
+    make_meta: Callable[..., dict[str, Any]],
+) -> None:
+    from analysis import history as h
+    from analysis import report
+    from tests.analysis.test_cli import _screenshot
+
+    db = tmp_path / "h.duckdb"
+    runs = []
+    for hw in ("H100", "MI355X"):
+        for k, version in enumerate(["0.9", "0.9", "0.10"]):
+            runs.append(
+                _run(tmp_path / f"{hw}{k}", make_run_dir, make_meta,
+                     run_id=f"{hw}{k}", day=k, hardware=hw, engine_version=version)
+            )  # fmt: skip
+    _cli("history", "add", *map(str, runs), "--db", str(db))
+    with h.Store(db, read_only=True) as store:
+        stored = store.runs()
+    trends = [h.trend(stored, metric, by="engine_version") for metric, _ in
+              report.HISTORY_CHARTS]  # fmt: skip
+    fig = report.history_figure(trends)
+    assert len(fig.axes) == 4
+    for ax in fig.axes:
+        assert len(ax.get_lines()) == 2  # one line per configuration
+        marks = sorted(t.get_text() for t in ax.texts)
+        assert marks == ["0.10", "0.10", "0.9", "0.9"]  # where the version changes
+    out = tmp_path / "report.html"
+    said = _cli("report", "--history", str(db), "-o", str(out)).output
+    assert "h.duckdb's trends" in said
+    page = out.read_text()
+    assert "<h2>Results over time</h2>" in page
+    assert "All points compare: trace trace-a" in page
+    assert page.count("data:image/png;base64,") == 1
+    assert 'src="http' not in page
+    _screenshot(out, tmp_path)
+    both = tmp_path / "both.html"
+    _cli("report", str(runs[0]), "--history", str(db), "-o", str(both))
+    text = both.read_text()
+    assert text.index("<h2>Summary</h2>") < text.index("<h2>Results over time</h2>")
+    _cli("report", "-o", str(both), code=2)  # neither runs nor a store
