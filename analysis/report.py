@@ -424,6 +424,7 @@ def history_figure(trends: Sequence[dict[str, Any]]) -> Any:
     for ax, found in zip(axes, trends, strict=True):
         series = found["configurations"]
         by = found["by"]
+        marked: set[tuple[Any, Any]] = set()
         for (colour, dash), s in zip(line_styles(len(series)), series, strict=True):
             points = [p for p in s["points"] if _finite(p["value"])]
             if not points:
@@ -433,18 +434,21 @@ def history_figure(trends: Sequence[dict[str, Any]]) -> Any:
             ax.plot(x, y, marker="o", ms=3, color=colour, ls=dash, label=s["name"])
             last = object()
             for xi, yi, p in zip(x, y, points, strict=True):
-                if p[by] != last:
+                # Once per version and day: lines that change together share it.
+                if p[by] != last and (xi.date(), p[by]) not in marked:
+                    marked.add((xi.date(), p[by]))
                     ax.annotate(str(p[by]), (xi, yi), xytext=(2, 5), fontsize=7,
                                 textcoords="offset points", color=colour)  # fmt: skip
                 last = p[by]
         label = dict(HISTORY_CHARTS).get(found["metric"], found["metric"])
         ax.set_ylabel(label, fontsize="small")
-        ax.set_title(f"{label} over run date ({by} marked where it changes)")
+        ax.set_title(f"{label} ({by} marked where it changes)", fontsize="medium")
         ax.grid(alpha=0.3)
         dates = ConciseDateFormatter(ax.xaxis.get_major_locator())  # type: ignore[no-untyped-call]
         ax.xaxis.set_major_formatter(dates)
         if ax is axes[0] and ax.get_legend_handles_labels()[0]:  # one legend for all
             ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.subplots_adjust(hspace=0.55)
     return fig
 
 
