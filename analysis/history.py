@@ -261,26 +261,26 @@ def run_figures(
 ) -> dict[str, float]:
     """The stored headline figures of a run, from its rows (``analyze``'s formulas;
     LRU figures NaN: see :func:`lru_estimate`)."""
-    (
-        requests, ok, first, last, tin, tout, cached, cached_prompt, ideal,
-        ideal_prompt,
-    ) = _scan(
+    sums = _scan(
         con,
         run_dir,
-        f"""SELECT count(*),
-          count(*) FILTER (WHERE {_MEASURED}),
-          min(start_ns) FILTER (WHERE {_MEASURED}),
-          max(end_ns) FILTER (WHERE {_MEASURED}),
-          sum(prompt_tokens) FILTER (WHERE {_MEASURED}),
-          sum(output_tokens) FILTER (WHERE {_MEASURED}),
-          sum(cached_tokens) FILTER (WHERE {_MEASURED}),
+        f"""SELECT count(*) AS requests,
+          count(*) FILTER (WHERE {_MEASURED}) AS ok,
+          min(start_ns) FILTER (WHERE {_MEASURED}) AS first,
+          max(end_ns) FILTER (WHERE {_MEASURED}) AS last,
+          sum(prompt_tokens) FILTER (WHERE {_MEASURED}) AS tin,
+          sum(output_tokens) FILTER (WHERE {_MEASURED}) AS tout,
+          sum(cached_tokens) FILTER (WHERE {_MEASURED}) AS cached,
           sum(coalesce(server_prompt_tokens, prompt_tokens))
-            FILTER (WHERE {_MEASURED} AND cached_tokens IS NOT NULL),
-          sum(ideal_cached_tokens) FILTER (WHERE {_MEASURED}),
+            FILTER (WHERE {_MEASURED} AND cached_tokens IS NOT NULL) AS cached_prompt,
+          sum(ideal_cached_tokens) FILTER (WHERE {_MEASURED}) AS ideal,
           sum(prompt_tokens)
             FILTER (WHERE {_MEASURED} AND ideal_cached_tokens IS NOT NULL)
+            AS ideal_prompt
         FROM ROWS""",
-    ).to_pylist()[0].values()  # fmt: skip
+    ).to_pylist()[0]
+    requests, ok, first, last = (sums[k] for k in ("requests", "ok", "first", "last"))
+    tin, tout = sums["tin"], sums["tout"]
     values = row_values(con, run_dir)
     ttft = percentiles(values.ttft_ms, [50, 90, 99])
     tpot = percentiles(values.tpot_ms, [50, 90])
@@ -315,8 +315,8 @@ def run_figures(
         "throughput_output_tok_s": tout / window,
         "throughput_total_tok_s": (tin + tout) / window,
         "tok_s_gpu": tout / window / gpus if gpus else math.nan,
-        "server_hit": rate(cached, cached_prompt),
-        "ideal_hit": rate(ideal, ideal_prompt),
+        "server_hit": rate(sums["cached"], sums["cached_prompt"]),
+        "ideal_hit": rate(sums["ideal"], sums["ideal_prompt"]),
         "lru_hit": math.nan,
         "lru_capacity_tokens": math.nan,
     }
@@ -587,10 +587,10 @@ class Store:
             args.append(filters.config)
         if filters.since is not None:
             where.append("run_date >= ?")
-            args.append(filters.since.replace(tzinfo=None))
+            args.append(_utc(filters.since))
         if filters.until is not None:
             where.append("run_date <= ?")
-            args.append(filters.until.replace(tzinfo=None))
+            args.append(_utc(filters.until))
         sql = "SELECT * FROM runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -607,6 +607,11 @@ class Store:
             row["path_exists"] = Path(row["path"]).is_dir()
             out.append(row)
         return out
+
+
+def _utc(when: datetime) -> datetime:
+    """The naive UTC instant the store's run dates are in (naive: taken as UTC)."""
+    return when.astimezone(UTC).replace(tzinfo=None) if when.tzinfo else when
 
 
 def _open_error(path: Path, exc: BaseException) -> str:

@@ -99,14 +99,20 @@ def test_history_add_is_idempotent_and_finds_a_moved_run_by_its_id(
     assert [r["status"] for r in again["runs"]] == ["already"]
     assert len(_json("history", "show", "--db", db)["runs"]) == 1
 
+    later = _run(tmp_path / "r2", make_run_dir, make_meta, run_id="r2", day=1)
+    _cli("history", "add", str(later), "--db", db)
     moved = run.rename(tmp_path / "archive-r1")
     (stored,) = _json("history", "show", "--db", db, "--run-id", "r1")["runs"]
     assert stored["path_exists"] is False  # found by id, its directory gone
+    gone = _cli("history", "regressions", "--db", db, code=2)  # r2 against r1's rows
+    assert "r1: its directory" in gone.output
+    assert "add` it again" in gone.output
     out = _json("history", "add", str(moved), "--db", db)
     assert [r["status"] for r in out["runs"]] == ["moved"]
-    (stored,) = _json("history", "show", "--db", db)["runs"]
+    (stored,) = _json("history", "show", "--db", db, "--run-id", "r1")["runs"]
     assert stored["path"] == str(moved.resolve())
     assert stored["path_exists"] is True
+    assert _json("history", "regressions", "--db", db)["comparisons"]
 
 
 def test_history_adds_every_cell_of_a_sweep_and_of_a_capacity_folder(
@@ -202,6 +208,11 @@ def test_history_trend_refuses_mixed_trace_hashes_unless_mixed(
         run = _run(tmp_path / f"r{k}", make_run_dir, make_meta, run_id=f"r{k}",
                    day=k, engine_version=version, trace_hash=trace)  # fmt: skip
         _cli("history", "add", str(run), "--db", db)
+    dated = _json("history", "show", "--db", db, "--since", "2026-05-29T21:00",
+                  "--until", "2026-05-31")  # fmt: skip
+    assert [r["run_id"] for r in dated["runs"]] == ["r2"]  # day 2: 05-30 20:26 UTC
+    later = _json("history", "show", "--db", db, "--since", "2026-05-29T22:00+02:00")
+    assert [r["run_id"] for r in later["runs"]] == ["r1", "r2"]  # 20:00 UTC
     refused = _cli("history", "trend", "ttft_p90", "--db", db, code=2)
     assert "do not compare" in refused.output
     assert "--mixed" in refused.output
@@ -351,8 +362,8 @@ def test_history_add_killed_midway_keeps_the_runs_it_had_added(
 ) -> None:
     dirs = [
         str(_run(tmp_path / f"r{k:02d}", make_run_dir, make_meta, run_id=f"r{k:02d}",
-                 day=k, rows=_rows(k, 300)))
-        for k in range(40)
+                 day=k, rows=_rows(k, 200)))
+        for k in range(24)
     ]  # fmt: skip
     db = str(tmp_path / "h.duckdb")
     proc = subprocess.Popen(
@@ -373,7 +384,7 @@ def test_history_add_killed_midway_keeps_the_runs_it_had_added(
         assert r["ttft_ms_p90"] > 0
     done = _json("history", "add", *dirs, "--db", db)["runs"]
     assert {r["status"] for r in done if r["run_id"] in stored} == {"already"}
-    assert len(_json("history", "show", "--db", db)["runs"]) == 40
+    assert len(_json("history", "show", "--db", db)["runs"]) == 24
 
 
 def test_report_history_draws_a_line_per_configuration_with_versions_marked(
