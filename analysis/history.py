@@ -170,11 +170,14 @@ def identity(meta: RunMeta, path: Path) -> dict[str, Any]:
     }
     server = {k: out[k] for k in IDENTITY_LABELS if k != "engine_version"}
     sim = meta.sim.args if meta.simulated and meta.sim is not None else None
+    virtual = meta.virtual
     config = {
         **server,
         "model": meta.model,
         "simulated": meta.simulated,
         "sim": sim,
+        # A replay in virtual time: its engine model (and the changes made to it).
+        "virtual": None if virtual is None else [virtual.source, virtual.sim_args],
         "mode": mode,
         **{k: out[k] for k in COMPARABLE},
     }
@@ -324,11 +327,15 @@ def run_figures(
 
 def server_kv(meta: RunMeta, run_dir: Path) -> tuple[int, int | None] | None:
     """The server's KV capacity in tokens (GPU tier, host tier): the simulator's
-    settings, else vLLM's ``cache_config_info`` (num_gpu_blocks x block_size) in
-    the scraped metrics; None when neither says."""
+    settings, the engine model's of a run in virtual time, else vLLM's
+    ``cache_config_info`` (num_gpu_blocks x block_size) in the scraped metrics;
+    None when none says."""
     if meta.simulated and meta.sim is not None:
         s = meta.sim.settings
         return s.kv_capacity_tokens, s.host_capacity_tokens or None
+    if meta.virtual is not None:
+        cache = meta.virtual.engine_model.cache
+        return cache.kv_capacity_tokens, cache.host_capacity_tokens or None
     path = run_dir / "server_metrics.parquet"
     if not path.is_file():
         return None

@@ -430,3 +430,32 @@ def test_report_history_draws_a_line_per_configuration_with_versions_marked(
     text = both.read_text()
     assert text.index("<h2>Summary</h2>") < text.index("<h2>Results over time</h2>")
     _cli("report", "-o", str(both), code=2)  # neither runs nor a store
+
+
+def test_history_of_replays_in_virtual_time_matches_analyze_and_estimates_lru(
+    tmp_path: Path,
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    _cli("generate", "-o", str(trace), "--sessions", "2")
+    db = str(tmp_path / "h.duckdb")
+    for version, kv in (("0.9", "300000"), ("0.10", "300000"), ("0.10", "400000")):
+        out = tmp_path / f"v{version}-{kv}"
+        _cli(
+            "run", str(trace), "--virtual", "sim", "--concurrency", "2", "--out",
+            str(out), "--engine", "vllm", "--engine-version", version, "--gpus", "2",
+            "--sim-args", f"--kv-capacity-tokens {kv}", "--quiet",
+        )  # fmt: skip
+        _cli("history", "add", str(out), "--db", db)
+        got = _json("analyze", str(out), "--kv-capacity-tokens", kv)
+        row = _json("history", "show", "--db", db)["runs"][-1]
+        for (key, stat), column in _SAME.items():
+            assert row[column] == got[key][stat], (version, column)
+        # The LRU estimate at the engine model's KV, as analyze takes it.
+        assert row["lru_hit"] == got["cache_hit_rate"]["lru"]
+        assert row["lru_capacity_tokens"] == int(kv)
+    # Another KV size is another configuration: its own line.
+    found = _json("history", "trend", "server_hit", "--db", db)["configurations"]
+    assert [[p["engine_version"] for p in s["points"]] for s in found] == [
+        ["0.9", "0.10"],
+        ["0.10"],
+    ]
