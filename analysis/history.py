@@ -98,6 +98,9 @@ class Added:
     run_id: str
     path: str
     status: str  # added | already | moved (the stored path was updated)
+    # Why a newly added run has no LRU estimate (the canary skips it); None: it has
+    # one, or the run was not newly added.
+    no_lru: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -390,6 +393,30 @@ def lru_estimate(
     return m.lru_hit_rate(df, lru)
 
 
+def _trace_for_lru(
+    meta: RunMeta, given: Path | None, seen: dict[Path, Any]
+) -> tuple[Path | None, str | None]:
+    """The trace to estimate LRU hits over: ``given``, else run.json's ``trace.path``
+    when that file still holds the trace replayed (same content hash). Returns it
+    or None and why not."""
+    if given is not None:
+        return given, None
+    if not meta.trace.path:
+        return None, "run.json names no trace (--trace)"
+    path = Path(meta.trace.path)
+    if not path.exists():
+        return None, f"its trace {path} is gone (--trace)"
+    if meta.trace.content_hash:
+        from replayer.records.rundir import trace_content_hash
+
+        key = Path(f"{path}#hash")  # the hash of a path, once per add
+        if key not in seen:
+            seen[key] = trace_content_hash(path)
+        if seen[key] != meta.trace.content_hash:
+            return None, f"{path} no longer holds the trace replayed (--trace)"
+    return path, None
+
+
 # -- the store ----------------------------------------------------------------------
 
 
@@ -548,8 +575,10 @@ class Store:
             return Added(run_id=meta.run_id, path=ident["path"], status="moved")
         figures = run_figures(self.con, run_dir, meta)
         capacity = capacity or server_kv(meta, run_dir)
-        trace_path = trace or (Path(meta.trace.path) if meta.trace.path else None)
-        if capacity is not None and trace_path is not None and trace_path.exists():
+        trace_path, no_lru = _trace_for_lru(meta, trace, traces)
+        if capacity is None:
+            no_lru = "the server's KV capacity is unknown (--kv-capacity-tokens)"
+        elif trace_path is not None:
             figures["lru_hit"] = lru_estimate(
                 run_dir, meta, capacity=capacity, trace_path=trace_path, traces=traces
             )
@@ -563,7 +592,9 @@ class Store:
                 [None if isinstance(v, float) and math.isnan(v) else v
                  for v in row.values()],
             )  # fmt: skip
-        return Added(run_id=meta.run_id, path=ident["path"], status="added")
+        return Added(
+            run_id=meta.run_id, path=ident["path"], status="added", no_lru=no_lru
+        )
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:

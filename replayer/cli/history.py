@@ -136,7 +136,8 @@ def add(
 
     def said(done: Added) -> None:
         if not as_json:
-            click.echo(f"{done.status:8} {done.run_id}  {done.path}")
+            why = f"  (no LRU estimate: {done.no_lru})" if done.no_lru else ""
+            click.echo(f"{done.status:8} {done.run_id}  {done.path}{why}")
 
     with errors_as_messages(), Store(db) as store:
         done = store.add(
@@ -151,7 +152,12 @@ def add(
             {
                 "db": str(db),
                 "runs": [
-                    {"run_id": d.run_id, "path": d.path, "status": d.status}
+                    {
+                        "run_id": d.run_id,
+                        "path": d.path,
+                        "status": d.status,
+                        "no_lru": d.no_lru,
+                    }
                     for d in done
                 ],
             }

@@ -267,12 +267,16 @@ def test_history_canary_flags_a_run_10_points_under_its_lru_estimate(
     make_run_dir: Callable[..., Path],
     make_meta: Callable[..., dict[str, Any]],
 ) -> None:
+    from replayer.records.rundir import trace_content_hash
     from traces.io import write_trace
 
     trace = trace_of(*(growing_session(f"s{k}", 6) for k in range(4)))
     trace_path = write_trace(trace, tmp_path / "trace.jsonl")
     db = str(tmp_path / "h.duckdb")
-    for name, lost in (("good", 0.03), ("bad", 0.12)):
+    real = trace_content_hash(trace_path)
+    for name, lost, digest in (
+        ("good", 0.03, real), ("bad", 0.12, real), ("other", 0.12, "another trace")
+    ):  # fmt: skip
         rows = []
         for s in trace.sessions:
             for i, req in enumerate(s.requests):
@@ -288,12 +292,18 @@ def test_history_canary_flags_a_run_10_points_under_its_lru_estimate(
                 )  # fmt: skip
         meta = make_meta(
             run_id=name,
-            trace={"content_hash": "t", "path": str(trace_path), "block_size": 4},
+            trace={"content_hash": digest, "path": str(trace_path), "block_size": 4},
         )
         make_run_dir(tmp_path / name, rows, meta=meta)
-        _cli("history", "add", str(tmp_path / name), "--db", db,
-             "--kv-capacity-tokens", "100000")  # fmt: skip
+        said = _cli("history", "add", str(tmp_path / name), "--db", db,
+                    "--kv-capacity-tokens", "100000").output  # fmt: skip
+    # The file at run.json's trace path no longer holds what that run replayed.
+    assert "no LRU estimate" in said
+    assert "no longer holds the trace replayed" in said
     found = {r["run_id"]: r for r in _json("history", "canary", "--db", db)["runs"]}
+    other = found.pop("other")
+    assert other["lru_hit"] is None
+    assert not other["flagged"]  # no estimate, never flagged
     for r in found.values():
         assert r["lru_hit"] == pytest.approx(r["ideal_hit"])  # a cache that holds all
     assert found["bad"]["under_lru_points"] >= 10
@@ -301,7 +311,7 @@ def test_history_canary_flags_a_run_10_points_under_its_lru_estimate(
     assert 0 < found["good"]["under_lru_points"] < 10
     assert not found["good"]["flagged"]
     strict = _json("history", "canary", "--db", db, "--points", "2")["runs"]
-    assert all(r["flagged"] for r in strict)
+    assert [r["flagged"] for r in strict] == [True, True, False]
 
 
 def test_history_errors_are_one_line_and_lose_nothing(
