@@ -200,6 +200,8 @@ def config_name(server: dict[str, Any], meta: RunMeta) -> str:
     }.get(mode.kind, mode.kind)
     if meta.simulated:
         parts.insert(0, "sim")
+    if meta.virtual is not None:
+        parts.insert(0, f"virtual:{meta.virtual.source}")
     return " ".join([*parts, *([load] if load else [])]) or "(no labels)"
 
 

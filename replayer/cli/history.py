@@ -172,6 +172,12 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def _pct(rate: Any) -> str:
+    """A hit rate in percent ("-": unknown)."""
+    text = _fmt(None if rate is None else rate * 100)
+    return text if text == "-" else text + "%"
+
+
 def _grid(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     rows = [list(header), *[list(r) for r in body]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -227,7 +233,7 @@ def show(db: Path, as_json: bool, **opts: Any) -> None:
                     str(r["trace_hash"] or "-")[:12],
                     _fmt(r["ttft_ms_p90"]),
                     _fmt(r["tok_s_gpu"]),
-                    _fmt(r["server_hit"] * 100) + "%",
+                    _pct(r["server_hit"]),
                     r["path"] + ("" if r["path_exists"] else " (gone)"),
                 ]
                 for r in runs
@@ -426,13 +432,20 @@ def canary(db: Path, points: float, as_json: bool, **opts: Any) -> None:
                     r["run_date"][:16],
                     r["run_id"],
                     _fmt(r["engine_version"]),
-                    _fmt(r["server_hit"] * 100) + "%",
-                    _fmt(r["lru_hit"] * 100) + "%",
-                    _fmt(r["ideal_hit"] * 100) + "%",
-                    _fmt(r["under_lru_points"]) + " pt",
+                    _pct(r["server_hit"]),
+                    _pct(r["lru_hit"]),
+                    _pct(r["ideal_hit"]),
+                    _fmt(r["under_lru_points"])
+                    + (" pt" if r["under_lru_points"] is not None else ""),
                     "FLAGGED" if r["flagged"] else "",
                 ]
                 for r in rows
             ],
         )
     )
+    unknown = sum(r["lru_hit"] is None or not math.isfinite(r["lru_hit"]) for r in rows)
+    if unknown:
+        click.echo(
+            f"{unknown} run(s) without an LRU estimate (never flagged): add them with "
+            "--kv-capacity-tokens and the trace (--trace)"
+        )
