@@ -390,6 +390,7 @@ def test_history_add_killed_midway_keeps_the_runs_it_had_added(
     assert len(added) == 3
     stored = {r["run_id"] for r in _json("history", "show", "--db", db)["runs"]}
     assert added <= stored  # every run it said it added is there, intact
+    assert len(stored) < len(dirs)  # and it was killed midway
     for r in _json("history", "show", "--db", db)["runs"]:
         assert r["ttft_ms_p90"] > 0
     done = _json("history", "add", *dirs, "--db", db)["runs"]
