@@ -8,7 +8,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -209,8 +209,18 @@ def config_name(server: dict[str, Any], meta: RunMeta) -> str:
 
 
 def part_files(run_dir: Path) -> list[str]:
-    """The run's request part files (DuckDB reads them in place)."""
-    return sorted(str(p) for p in (run_dir / "requests").glob("part-*.parquet"))
+    """The run's readable request part files (DuckDB reads them in place); one a
+    crash left without its footer is skipped, as ``analysis.load.load_run`` does."""
+    import pyarrow.parquet as pq
+
+    out = []
+    for part in sorted((run_dir / "requests").glob("part-*.parquet")):
+        try:
+            pq.read_metadata(part)
+        except (OSError, pa.ArrowException):
+            continue
+        out.append(str(part))
+    return out
 
 
 _MEASURED = "status = 'ok' AND NOT coalesce(warmup, false)"
@@ -601,13 +611,22 @@ class Store:
     @contextmanager
     def _transaction(self) -> Iterator[None]:
         """One run's change, all of it or none (a killed add keeps earlier runs)."""
+        import duckdb
+
         self.con.execute("BEGIN TRANSACTION")
         try:
             yield
+            self.con.execute("COMMIT")
+        except duckdb.Error as exc:
+            with suppress(duckdb.Error):  # a failed COMMIT has rolled back already
+                self.con.execute("ROLLBACK")
+            raise HistoryError(
+                f"{self.path}: cannot record: {_one_line(exc)}; nothing of this run "
+                "was stored, the runs before it were"
+            ) from None
         except BaseException:
             self.con.execute("ROLLBACK")
             raise
-        self.con.execute("COMMIT")
 
     # -- queries --------------------------------------------------------------------
 
