@@ -228,6 +228,17 @@ def test_history_trend_refuses_mixed_trace_hashes_unless_mixed(
     assert len(both["configurations"]) == 2  # one line per trace
     text = _cli("history", "trend", "ttft_p90", "--db", db, "--mixed").output
     assert "MIXED" in text
+    # Another tool version, or another protocol, on the same trace: refused too.
+    for k, change in enumerate(
+        [{"tool_version": "0.2.0"}, {"protocol": {"profile": "agentx"}}], start=3
+    ):
+        run = _run(tmp_path / f"r{k}", make_run_dir, make_meta, run_id=f"r{k}", day=k)
+        meta = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps({**meta, **change}))
+        alone = str(tmp_path / f"h{k}.duckdb")  # beside r0 (trace-a, 0.1.0, none)
+        _cli("history", "add", str(tmp_path / "r0"), str(run), "--db", alone)
+        out = _cli("history", "trend", "server_hit", "--db", alone, code=2).output
+        assert "do not compare: 2 different" in out
 
 
 def test_history_regressions_flags_a_planted_20pct_p90_ttft_regression(
