@@ -403,6 +403,79 @@ def position_plot(summary: Summary) -> str:
     return _png(fig)
 
 
+# The trends the report draws from a results store: (trend METRIC, axis label).
+HISTORY_CHARTS = (
+    ("ttft_p90", "P90 TTFT (ms)"),
+    ("tok_s_gpu", "output tok/s/GPU"),
+    ("interactivity", "P90 interactivity (tok/s/user)"),
+    ("server_hit", "server prefix hit"),
+)
+
+
+def history_figure(trends: Sequence[dict[str, Any]]) -> Any:
+    """One panel per trend (``analysis.history.trend``): the figure over run date,
+    one line per configuration, each point's ``by`` (the engine version) written
+    where it changes along the line."""
+    from datetime import datetime
+
+    from matplotlib.dates import ConciseDateFormatter
+
+    fig, axes = _figure(rows=len(trends), height=2.8)
+    for ax, found in zip(axes, trends, strict=True):
+        series = found["configurations"]
+        by = found["by"]
+        marked: set[tuple[Any, Any]] = set()
+        for (colour, dash), s in zip(line_styles(len(series)), series, strict=True):
+            points = [p for p in s["points"] if _finite(p["value"])]
+            if not points:
+                continue
+            x = [datetime.fromisoformat(p["run_date"]) for p in points]
+            y = [p["value"] for p in points]
+            ax.plot(x, y, marker="o", ms=3, color=colour, ls=dash, label=s["name"])
+            last = object()
+            for xi, yi, p in zip(x, y, points, strict=True):
+                # Once per version and day: lines that change together share it.
+                if p[by] != last and (xi.date(), p[by]) not in marked:
+                    marked.add((xi.date(), p[by]))
+                    ax.annotate(str(p[by]), (xi, yi), xytext=(2, 5), fontsize=7,
+                                textcoords="offset points", color=colour)  # fmt: skip
+                last = p[by]
+        label = dict(HISTORY_CHARTS).get(found["metric"], found["metric"])
+        ax.set_ylabel(label, fontsize="small")
+        ax.set_title(f"{label} ({by} marked where it changes)", fontsize="medium")
+        ax.grid(alpha=0.3)
+        dates = ConciseDateFormatter(ax.xaxis.get_major_locator())  # type: ignore[no-untyped-call]
+        ax.xaxis.set_major_formatter(dates)
+        if ax is axes[0] and ax.get_legend_handles_labels()[0]:  # one legend for all
+            ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.subplots_adjust(hspace=0.55)
+    return fig
+
+
+def history_section(trends: Sequence[dict[str, Any]]) -> str:
+    """The report's "Results over time" section (a results store's trends)."""
+    parts = ["<h2>Results over time</h2>"]
+    sets = trends[0]["sets"] if trends else []
+    if len(sets) > 1:
+        parts.append(
+            "<p><b>MIXED: these runs replayed different traces, protocols or tool "
+            "versions; lines of different ones do not compare.</b></p>"
+        )
+    elif sets:
+        (one,) = sets
+        parts.append(
+            f"<p class='note'>All points compare: trace "
+            f"{html.escape(str(one['trace_hash'])[:12])}, protocol "
+            f"{html.escape(str(one['protocol']))}, tool "
+            f"{html.escape(str(one['tool_version']))}.</p>"
+        )
+    if not any(t["configurations"] for t in trends):
+        parts.append("<p>The results store holds no runs.</p>")
+        return "\n".join(parts)
+    parts.append(_png(history_figure(trends)))
+    return "\n".join(parts)
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
@@ -419,14 +492,32 @@ def render_html(
     *,
     sweep: pd.DataFrame | None = None,
     capacity: CapacityDoc | None = None,
+    history: Sequence[dict[str, Any]] | None = None,
 ) -> str:
-    """The whole report as one HTML document (no external resources)."""
+    """The whole report as one HTML document (no external resources): the runs'
+    sections, then a results store's trends (``history``) when given."""
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         "<title>Replay report</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>Agentic trace replay report</h1>",
     ]
+    if runs:
+        parts.extend(_run_sections(runs, summaries, sweep=sweep, capacity=capacity))
+    if history is not None:
+        parts.append(history_section(history))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _run_sections(
+    runs: Sequence[Run],
+    summaries: Sequence[Summary],
+    *,
+    sweep: pd.DataFrame | None,
+    capacity: CapacityDoc | None,
+) -> list[str]:
+    parts: list[str] = []
     for s in summaries:
         r = s.run
         sim = " (simulated endpoint)" if r.simulated else ""
@@ -498,5 +589,4 @@ def render_html(
             )  # fmt: skip
     parts.append("<h2>Timelines</h2>")
     parts.extend(timeline_plot(run) for run in runs)
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return parts

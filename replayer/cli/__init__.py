@@ -22,6 +22,7 @@ def _register_subcommands() -> None:
     from replayer.cli.capacity import capacity
     from replayer.cli.demo import demo
     from replayer.cli.generate import generate
+    from replayer.cli.history import history
     from replayer.cli.run import run, sweep
     from replayer.cli.trace import trace
     from replayer.sim.cli import sim
@@ -38,6 +39,7 @@ def _register_subcommands() -> None:
         analyze,
         compare,
         report,
+        history,
     ):
         main.add_command(command)
 

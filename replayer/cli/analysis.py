@@ -225,7 +225,7 @@ def compare(
 
 
 @click.command("report")
-@click.argument("run_dirs", nargs=-1, required=True, type=_RUN_DIR)
+@click.argument("run_dirs", nargs=-1, type=_RUN_DIR)
 @click.option(
     "-o",
     "--out",
@@ -233,14 +233,26 @@ def compare(
     type=click.Path(dir_okay=False, path_type=Path),
     help="The HTML file to write.",
 )
+@click.option(
+    "--history",
+    "history_db",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A results store (`replayer history`): add its trends over run date.",
+)
 @_with_analysis_options
-def report(run_dirs: tuple[Path, ...], out: Path, **options: Any) -> None:
-    """One self-contained HTML report (tables and plots) of RUN_DIRS."""
+def report(
+    run_dirs: tuple[Path, ...], out: Path, history_db: Path | None, **options: Any
+) -> None:
+    """One self-contained HTML report (tables and plots) of RUN_DIRS, and with
+    --history the trend charts of a results store."""
     from analysis.load import load_capacity
     from analysis.report import render_html
     from analysis.sweep import sweep_table
 
+    if not run_dirs and history_db is None:
+        raise click.UsageError("give RUN_DIRS, --history DB, or both")
     with errors_as_messages():
+        history = _history_trends(history_db) if history_db is not None else None
         runs, sweeps = _load(run_dirs)
         summaries = _summaries(runs, **options)
         by_path = {s.run.path: s for s in summaries}
@@ -250,9 +262,26 @@ def report(run_dirs: tuple[Path, ...], out: Path, **options: Any) -> None:
             else None
         )
         capacity = load_capacity(sweeps[0][0]) if sweeps else None
-        page = render_html(runs, summaries, sweep=sweep, capacity=capacity)
+        page = render_html(
+            runs, summaries, sweep=sweep, capacity=capacity, history=history
+        )
     try:
         out.write_text(page, encoding="utf-8")
     except OSError as exc:
         raise CommandError(f"{out}: cannot write: {exc}") from exc
-    click.echo(f"wrote {out} ({len(runs)} run(s))")
+    stored = f", {history_db}'s trends" if history_db is not None else ""
+    click.echo(f"wrote {out} ({len(runs)} run(s){stored})")
+
+
+def _history_trends(db: Path) -> list[dict[str, Any]]:
+    """The report's trends of the store at ``db`` (every run; lines of runs that do
+    not compare are drawn and the section says so)."""
+    from analysis.history import Store, trend
+    from analysis.report import HISTORY_CHARTS
+
+    with Store(db, read_only=True) as store:
+        runs = store.runs()
+    return [
+        trend(runs, metric, by="engine_version", mixed=True)
+        for metric, _ in HISTORY_CHARTS
+    ]
