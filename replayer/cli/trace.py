@@ -35,18 +35,39 @@ def trace() -> None:
 
 
 _TRACE_PATH = click.Path(exists=True, path_type=Path)
+MOONCAKE_ROWS = ("auto", "delta", "cumulative")  # = traces.mooncake.MOONCAKE_ROWS
+mooncake_rows_option = click.option(
+    "--mooncake-rows",
+    type=click.Choice(MOONCAKE_ROWS),
+    default="auto",
+    show_default=True,
+    help="Mooncake rows of one session: each a full prompt (cumulative), or the new "
+    "turn only, the history added (delta); auto: as their hash ids say (a warning "
+    "tells which).",
+)
+
+
+def read_warned(path: Path, mooncake_rows: str) -> Trace:
+    """The trace at ``path``, what the reading noticed printed as warnings."""
+    from traces.io import read_trace
+
+    notes: list[str] = []
+    loaded = read_trace(path, mooncake_rows=mooncake_rows, notes=notes)  # type: ignore[arg-type]
+    for note in notes:
+        click.echo(f"warning: {note}", err=True)
+    return loaded
 
 
 @trace.command("stats")
 @click.argument("path", type=_TRACE_PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def trace_stats_cmd(path: Path, as_json: bool) -> None:
+@mooncake_rows_option
+def trace_stats_cmd(path: Path, as_json: bool, mooncake_rows: str) -> None:
     """Statistics of the trace at PATH (a file or a folder; the format is detected)."""
-    from traces.io import read_trace
     from traces.stats import trace_stats
 
     with errors_as_messages():
-        stats = trace_stats(read_trace(path))
+        stats = trace_stats(read_warned(path, mooncake_rows))
     if as_json:
         echo_json(stats.as_dict())
         return
@@ -85,12 +106,20 @@ def format_stats(d: dict[str, Any], path: Path) -> str:
 
 @trace.command("validate")
 @click.argument("path", type=_TRACE_PATH)
-def trace_validate_cmd(path: Path) -> None:
+@mooncake_rows_option
+def trace_validate_cmd(path: Path, mooncake_rows: str) -> None:
     """Check the trace at PATH; print every problem, one per line; exit 1 if any."""
     from traces.io import check_trace
 
+    notes: list[str] = []
     with errors_as_messages():
-        loaded, problems = check_trace(path)
+        loaded, problems = check_trace(
+            path,
+            mooncake_rows=mooncake_rows,  # type: ignore[arg-type]
+            notes=notes,
+        )
+    for note in notes:
+        click.echo(f"warning: {note}", err=True)
     for problem in problems:
         click.echo(str(problem))
     if problems:
@@ -113,16 +142,33 @@ def trace_validate_cmd(path: Path) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Output file: .jsonl / .jsonl.gz (native) or .parquet (fast reload).",
 )
-def trace_convert_cmd(path: Path, out: Path) -> None:
-    """Convert the trace at PATH to native JSONL or a Parquet trace store."""
-    from traces.io import read_trace, write_trace
+@click.option(
+    "--to",
+    "to",
+    type=click.Choice(("native", "agentic-mooncake")),  # = traces.io.OUT_FORMATS
+    default="native",
+    show_default=True,
+    help="agentic-mooncake: Dynamo's agentic Mooncake rows (.jsonl), for "
+    "`python -m dynamo.replay --trace-format agentic_mooncake`.",
+)
+@mooncake_rows_option
+def trace_convert_cmd(path: Path, out: Path, to: str, mooncake_rows: str) -> None:
+    """Convert the trace at PATH to native JSONL, a Parquet trace store or Dynamo's
+    agentic Mooncake rows."""
+    from traces.io import write_trace
 
     with errors_as_messages():
-        loaded = read_trace(path)
-        write_trace(loaded, out)
+        loaded = read_warned(path, mooncake_rows)
+        write_trace(loaded, out, to=to)  # type: ignore[arg-type]
     click.echo(
         f"wrote {out} ({len(loaded):,} sessions, {loaded.request_count():,} requests)"
     )
+    if to == "agentic-mooncake":
+        sizes = {s.block_size for s, _ in loaded.all_sessions()}
+        click.echo(
+            f"replay it with: python -m dynamo.replay {shlex.quote(str(out))} "
+            f"--trace-format agentic_mooncake --trace-block-size {sizes.pop()}"
+        )
 
 
 _LOG_SOURCES = ("claude-code", "codex", "tracelab")  # = traces.importers.SOURCES
