@@ -291,7 +291,8 @@ def load_trace_for(run: Run, trace_path: str | Path | None = None) -> Trace:
             f"{run.path}: run.json names no trace path; pass the trace explicitly"
         )
     try:
-        return read_trace(Path(trace_path))
+        rows = run.meta.config.get("mooncake_rows", "auto")
+        return read_trace(Path(trace_path), mooncake_rows=rows)
     except TraceError as exc:
         raise AnalysisError(f"{run.path}: cannot reload its trace: {exc}") from exc
 

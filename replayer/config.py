@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from replayer.errors import ConfigError
 from traces.materialize import Api, PromptConfig
+from traces.mooncake import MooncakeRows
 
 Mode = Literal["concurrency", "session_rate", "timestamps"]
 Arrival = Literal["poisson", "gamma"]
@@ -285,6 +286,8 @@ class ReplayConfig:
     # Replay in virtual time against this engine model (an ENGINE.json path, or
     # "sim": the built-in simulator's settings) instead of a server.
     virtual: str | None = None
+    # How the trace's Mooncake session rows are read (traces.mooncake).
+    mooncake_rows: MooncakeRows = "auto"
 
     def __post_init__(self) -> None:
         if self.session_header is not None:

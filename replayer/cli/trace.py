@@ -22,6 +22,7 @@ from replayer.cli.params import (
     ShellArgs,
     count,
     int_list,
+    mooncake_rows_option,
 )
 
 if TYPE_CHECKING:
@@ -35,16 +36,6 @@ def trace() -> None:
 
 
 _TRACE_PATH = click.Path(exists=True, path_type=Path)
-MOONCAKE_ROWS = ("auto", "delta", "cumulative")  # = traces.mooncake.MOONCAKE_ROWS
-mooncake_rows_option = click.option(
-    "--mooncake-rows",
-    type=click.Choice(MOONCAKE_ROWS),
-    default="auto",
-    show_default=True,
-    help="Mooncake rows of one session: each a full prompt (cumulative), or the new "
-    "turn only, the history added (delta); auto: as their hash ids say (a warning "
-    "tells which).",
-)
 
 
 def read_warned(path: Path, mooncake_rows: str) -> Trace:

@@ -600,7 +600,7 @@ def replayable(run: Run) -> Replayable:
         )
     cfg = meta.config
     try:
-        trace = read_trace(trace_path)
+        trace = read_trace(trace_path, mooncake_rows=cfg.get("mooncake_rows", "auto"))
         sched = dict(cfg.get("schedule") or {})
         kind = sched.pop("kind", "concurrency")
         schedule: Schedule
