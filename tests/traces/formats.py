@@ -1,6 +1,7 @@
-"""One small agent tree written in Dynamo's agentic Mooncake rows and as OTLP GenAI
-spans, by hand from the published schemas; and a fingerprint that compares session
-trees request by request."""
+"""Trace files written by hand from the published formats: one small agent tree as
+Dynamo's agentic Mooncake rows and as OTLP GenAI spans, and one set of Mooncake
+session rows both delta and cumulative; and the comparisons of session trees request
+by request."""
 
 from __future__ import annotations
 
@@ -128,3 +129,47 @@ def canonical_ids(s: Session, full_blocks_only: bool = False) -> list[list[int]]
             ids = ids[: r.input_tokens // sess.block_size]
         out.append([names.setdefault(h, len(names)) for h in ids])
     return out
+
+
+def same_tree(a: Session, b: Session) -> None:
+    """``b`` (read back from agentic Mooncake rows) is the tree ``a`` was."""
+    assert b.session_id == a.session_id
+    assert shape(b) == shape(a)
+    names = [(s.session_id, len(s.requests)) for s, _ in a.walk()]
+    assert [(s.session_id, len(s.requests)) for s, _ in b.walk()] == names
+    # Written ids cover every started block (Dynamo needs them); the full blocks
+    # share exactly as the original's do.
+    assert canonical_ids(b, full_blocks_only=True) == canonical_ids(
+        a, full_blocks_only=True
+    )
+    for s, _, r in b.ordered_requests():
+        assert r.hash_ids.size * s.block_size >= r.input_tokens
+
+
+def _row(sid: str, ts: int, n_in: int, n_out: int, ids: list[int]) -> dict[str, Any]:
+    return {"session_id": sid, "timestamp": ts, "input_length": n_in,
+            "output_length": n_out, "hash_ids": ids}  # fmt: skip
+
+
+# Session a, as a client that keeps the history sees it:
+#   row 0: blocks 1 2                          1,024 tokens, answers 512
+#   row 1: + answer 0 (512) + block 3          2,048 tokens, answers 100
+#   row 2: + answer 1 (100) + blocks 4 5 (700) 2,848 tokens
+# Session b: one 300-token row, then 200 new tokens after a 5-token answer.
+DELTA = [
+    _row("a", 0, 1024, 512, [1, 2]),
+    _row("b", 10, 300, 5, [40]),
+    _row("a", 1000, 512, 100, [3]),
+    _row("a", 2000, 700, 10, [4, 5]),
+    _row("b", 3000, 200, 1, [41]),
+]
+# The same turns with each row holding the whole history: answer 0 is block 7,
+# block 3 is block 8; 2,048-2,560 holds answer 1 and the head of block 4 (9), the
+# rest (288 tokens) is 10. Session b: 300 + 5 + 200 tokens, one block each way.
+CUMULATIVE = [
+    _row("a", 0, 1024, 512, [1, 2]),
+    _row("b", 10, 300, 5, [40]),
+    _row("a", 1000, 2048, 100, [1, 2, 7, 8]),
+    _row("a", 2000, 2848, 10, [1, 2, 7, 8, 9, 10]),
+    _row("b", 3000, 505, 1, [42]),
+]

@@ -12,11 +12,10 @@ import pytest
 
 from tests.builders import write_jsonl
 from tests.processes import run_cli
-from tests.traces.formats import AGENTIC_ROWS, canonical_ids, shape
+from tests.traces.formats import AGENTIC_ROWS, same_tree
 from traces.errors import TraceFormatError
-from traces.importers import import_logs
 from traces.io import check_trace, read_trace, write_trace
-from traces.model import Session, Trace
+from traces.model import Trace
 
 
 def _read(tmp_path: Path, rows: list[dict[str, Any]]) -> Trace:
@@ -69,30 +68,6 @@ def test_a_row_without_a_session_is_its_own_session(tmp_path: Path) -> None:
     assert trace.sessions[0].block_size == 512
 
 
-def _tree(s: Session) -> tuple[Any, ...]:
-    return (
-        s.session_id,
-        shape(s),
-        tuple(
-            (x.agent_id == x.session.session_id, _tree(x.session)) for x in s.subagents
-        ),
-    )
-
-
-def _same_tree(a: Session, b: Session) -> None:
-    assert b.session_id == a.session_id
-    assert shape(b) == shape(a)
-    names = [(s.session_id, len(s.requests)) for s, _ in a.walk()]
-    assert [(s.session_id, len(s.requests)) for s, _ in b.walk()] == names
-    # Written ids cover every started block (Dynamo needs them); the full blocks
-    # share exactly as the original's do.
-    assert canonical_ids(b, full_blocks_only=True) == canonical_ids(
-        a, full_blocks_only=True
-    )
-    for s, _, r in b.ordered_requests():
-        assert r.hash_ids.size * s.block_size >= r.input_tokens
-
-
 def test_weka_sessions_round_trip_through_agentic_rows(
     tmp_path: Path, weka_dir: Path
 ) -> None:
@@ -105,7 +80,7 @@ def test_weka_sessions_round_trip_through_agentic_rows(
     back = read_trace(out)
     assert len(back) == len(original)
     for a, b in zip(original.sessions, back.sessions, strict=True):
-        _same_tree(a, b)
+        same_tree(a, b)
     # Local ids of two trees never meet in the one id space of the file.
     first = {
         h
@@ -126,22 +101,6 @@ def test_weka_sessions_round_trip_through_agentic_rows(
     assert len(ids) == len(rows)
     assert all(set(r.get("wait_for", [])) <= ids for r in rows)
     assert all(len(r["hash_ids"]) * 64 >= r["input_length"] for r in rows)
-
-
-def test_an_imported_claude_code_log_round_trips(
-    tmp_path: Path, shared_data: Path
-) -> None:
-    log = shared_data / "tracelab" / "claude" / "trace.json"
-    imported = import_logs("claude-code", [log]).trace
-    native = write_trace(imported, tmp_path / "cc.jsonl")
-    out = run_cli("trace", "convert", str(native), "--to", "agentic-mooncake",
-                  "-o", str(tmp_path / "cc.agentic.jsonl"))  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    assert "--trace-block-size 64" in out.stdout
-    back = read_trace(tmp_path / "cc.agentic.jsonl")
-    assert len(back) == len(imported)
-    for a, b in zip(imported.sessions, back.sessions, strict=True):
-        _same_tree(a, b)
 
 
 @pytest.mark.parametrize(
