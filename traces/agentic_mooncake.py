@@ -5,7 +5,7 @@ tool waits, read into session trees and written back. See docs/traces.md#formats
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ _KNOWN = frozenset(
         *_ALIASES,
     }
 )
+_NO_IDS: HashIds = np.zeros(0, dtype=np.int64)
 # Block sizes tried when the rows do not pin one down (Dynamo takes it as a flag).
 _BLOCK_SIZES = tuple(1 << k for k in range(4, 13))
 
@@ -161,14 +162,10 @@ class _Reader:
                 self.bad(line, key, f"expected milliseconds >= 0, got {v!r:.40}")
                 continue
             wait += float(v)
-        raw = obj.get("hash_ids")
-        ids = np.zeros(0, dtype=np.int64)
-        if not isinstance(raw, list) or not all(
-            _is_int(x) and 0 <= x < 2**63 for x in raw
-        ):
+        ids = _hash_ids(obj.get("hash_ids"))
+        if ids is None:
             self.bad(line, "hash_ids", "expected a list of non-negative integers")
-        else:
-            ids = np.asarray(raw, dtype=np.int64)
+            ids = _NO_IDS
         lists: dict[str, list[str]] = {}
         for key in ("wait_for", "branches"):
             v = obj.get(key, [])
@@ -453,8 +450,21 @@ def _offset_s(ts: float | None, origin: float | None) -> float:
     return 0.0 if ts is None or origin is None else (ts - origin) / 1000.0
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _hash_ids(raw: object) -> HashIds | None:
+    """``raw`` as int64 hash ids (None: not a list of integers in [0, 2**63))."""
+    if not isinstance(raw, list):
+        return None
+    if not raw:
+        return _NO_IDS
+    try:
+        arr = np.array(raw)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu" or arr.min() < 0:
+        return None
+    if arr.dtype.kind == "u" and arr.max() >= 2**63:
+        return None
+    return arr.astype(np.int64, copy=False)
 
 
 def _nonneg(v: object) -> bool:
@@ -491,24 +501,44 @@ def read_agentic_rows(
 # -- writing -------------------------------------------------------------------
 
 
-@dataclass(slots=True)
+def _unique_ids(sessions: Iterable[Session]) -> HashIds:
+    parts = [r.hash_ids for s in sessions for r in s.requests]
+    return np.unique(np.concatenate(parts)) if parts else _NO_IDS
+
+
 class _Ids:
-    """Hash ids of every tree mapped into one id space (Dynamo reads the file's ids
-    as one): the ids of one namespace keep their sharing, and nothing else shares."""
+    """Hash ids of every tree mapped into one id space from 0 (Dynamo reads the
+    file's ids as one): the ids of one namespace (a tree, or all global-scope
+    trees) keep their sharing, and nothing else shares."""
 
-    block: int
-    seen: dict[tuple[str, int], int] = field(default_factory=dict)
+    def __init__(self, trace: Trace, block: int) -> None:
+        self.block = block
+        self.global_ids = _unique_ids(
+            s for root in trace.sessions if root.hash_id_scope == "global"
+            for s, _ in root.walk()
+        )  # fmt: skip
+        self.next_id = int(self.global_ids.size)
 
-    def __call__(self, namespace: str, req: Request) -> list[int]:
-        out = []
-        for h in req.hash_ids.tolist():
-            out.append(self.seen.setdefault((namespace, h), len(self.seen)))
-        while len(out) * self.block < req.input_tokens:
+    def tree(self, root: Session) -> Callable[[Request], HashIds]:
+        """The id map of ``root``'s tree (its namespace's ids, in value order)."""
+        if root.hash_id_scope == "global":
+            known, base = self.global_ids, 0
+        else:
+            known, base = _unique_ids(s for s, _ in root.walk()), self.next_id
+            self.next_id += int(known.size)
+
+        def ids(req: Request) -> HashIds:
+            out = base + np.searchsorted(known, req.hash_ids)
             # Tokens the trace leaves unhashed (a partial last block): their own
             # content, as Dynamo needs an id for every started block.
-            key = (f"tail:{len(self.seen)}", 0)
-            out.append(self.seen.setdefault(key, len(self.seen)))
-        return out
+            missing = -(-req.input_tokens // self.block) - int(out.size)
+            if missing <= 0:
+                return out
+            tail = np.arange(self.next_id, self.next_id + missing, dtype=np.int64)
+            self.next_id += missing
+            return np.concatenate((out, tail))
+
+        return ids
 
 
 def agentic_rows(trace: Trace) -> tuple[int, Iterator[dict[str, Any]]]:
@@ -536,7 +566,7 @@ def agentic_rows(trace: Trace) -> tuple[int, Iterator[dict[str, Any]]]:
                 "sessions are named by it"
             )
         names.add(s.session_id)
-    return block, _rows(trace, _Ids(block))
+    return block, _rows(trace, _Ids(trace, block))
 
 
 def _rid(session: Session, i: int) -> str:
@@ -545,17 +575,14 @@ def _rid(session: Session, i: int) -> str:
 
 def _rows(trace: Trace, ids: _Ids) -> Iterator[dict[str, Any]]:
     for root in trace.sessions:
-        yield from _session_rows(
-            root, root.hash_namespace(), root.start_s or 0.0, None, ids
-        )
+        yield from _session_rows(root, ids.tree(root), root.start_s or 0.0, None)
 
 
 def _session_rows(
     s: Session,
-    namespace: str,
+    ids: Callable[[Request], HashIds],
     start_s: float,
     spawn: tuple[Session, Subagent] | None,
-    ids: _Ids,
 ) -> Iterator[dict[str, Any]]:
     joins: dict[int, list[str]] = {}
     for sub in s.subagents:
@@ -563,7 +590,7 @@ def _session_rows(
         if sub.join_index is not None and last >= 0:
             joins.setdefault(sub.join_index, []).append(_rid(sub.session, last))
     for sub in s.subagents_at(-1):
-        yield from _session_rows(sub.session, namespace, start_s + sub.t_s, None, ids)
+        yield from _session_rows(sub.session, ids, start_s + sub.t_s, None)
     for i, req in enumerate(s.requests):
         wait_for: list[str] = []
         if i > 0:
@@ -577,7 +604,7 @@ def _session_rows(
             "session_id": s.session_id,
             "input_length": req.input_tokens,
             "output_length": req.output_tokens,
-            "hash_ids": ids(namespace, req),
+            "hash_ids": ids(req),
             "timestamp": round((start_s + req.t_s) * 1000.0, 3),
         }
         if wait_for:
@@ -589,6 +616,4 @@ def _session_rows(
         row["prefix_reset"] = i == 0
         yield row
         for sub in subs:
-            yield from _session_rows(
-                sub.session, namespace, start_s + sub.t_s, (s, sub), ids
-            )
+            yield from _session_rows(sub.session, ids, start_s + sub.t_s, (s, sub))
