@@ -333,6 +333,7 @@ def _token_list(
     help="With --engine: options that override the engine model (as `run "
     "--virtual --sim-args`; --kv-capacity-tokens is the budget's).",
 )
+@mooncake_rows_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def trace_cache_curve_cmd(
     path: Path,
@@ -347,6 +348,7 @@ def trace_cache_curve_cmd(
     server_kv_gib: float | None,
     engine: str | None,
     sim_args: tuple[str, ...],
+    mooncake_rows: str,
     as_json: bool,
 ) -> None:
     """Prefix-cache hit rate against KV budget for the trace at PATH, its requests
@@ -361,7 +363,6 @@ def trace_cache_curve_cmd(
     it: there a server pins the running prompts, queues the rest, and hits less than
     this LRU. --max-inflight keeps it small."""
     from traces.cache_curve import cache_curve
-    from traces.io import read_trace
 
     if server_kv_gib is not None:
         if server_kv_tokens is not None:
@@ -373,7 +374,7 @@ def trace_cache_curve_cmd(
         server_kv_tokens = int(server_kv_gib * _GIB // bytes_per_token)
     with errors_as_messages():
         curve = cache_curve(
-            read_trace(path),
+            read_warned(path, mooncake_rows),
             concurrency=concurrency,
             think_scale=think_scale,
             think_cap_s=think_cap,
