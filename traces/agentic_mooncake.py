@@ -36,6 +36,7 @@ _KNOWN = frozenset(
         "wait_for",
         "branches",
         "prefix_reset",
+        "block_size",
         "tool_wait_ms",
         *_ALIASES,
     }
@@ -90,6 +91,7 @@ class _Reader:
         self.problems: list[Problem] = []
         self.rows: list[_Row] = []
         self.by_id: dict[str, _Row] = {}
+        self.stated_block: int | None = None  # the rows' block_size, if they give it
         # (request_id, session_id) of the row being read, as far as known.
         self.current: tuple[str | None, str | None] = (None, None)
 
@@ -176,6 +178,14 @@ class _Reader:
         reset = obj.get("prefix_reset")
         if reset is not None and not isinstance(reset, bool):
             self.bad(line, "prefix_reset", f"expected true or false, got {reset!r:.40}")
+        block = obj.get("block_size")
+        if block is not None:
+            if count_problem(block) is not None or not block:
+                self.bad(line, "block_size", f"expected tokens > 0, got {block!r:.40}")
+            elif self.stated_block not in (None, block):
+                self.bad(line, "block_size", f"{block} after {self.stated_block}")
+            else:
+                self.stated_block = block
         self.current = (None, None)
         if len(self.problems) > n:
             return
@@ -218,9 +228,21 @@ class _Reader:
         return [self.session(t, block) for t in roots]
 
     def block_size(self) -> int | None:
-        """The block size the rows fit: every row's ``hash_ids`` cover its
-        ``input_length`` (Dynamo's only check), and, where one exists, the size at
-        which each row has exactly one id per started block."""
+        """The block size the rows give (``block_size``, which this module writes),
+        else the one they fit: every row's ``hash_ids`` cover its ``input_length``
+        (Dynamo's only check), and, where one exists, the size at which each row has
+        exactly one id per started block."""
+        if self.stated_block is not None:
+            for r in self.rows:
+                need = r.input_tokens or 0
+                if r.hash_ids.size * self.stated_block < need:
+                    self.bad(
+                        r,
+                        "hash_ids",
+                        f"{r.hash_ids.size} blocks of {self.stated_block} tokens "
+                        f"do not cover input_length={need}",
+                    )
+            return None if self.problems else self.stated_block
         lo, hi = 1, math.inf
         for r in self.rows:
             k, n = r.hash_ids.size, r.input_tokens
@@ -487,7 +509,8 @@ def read_agentic_rows(
     a subagent spawned after that request; the first later row of the parent that
     waits for one of its requests is its join (none: it runs in the background). A
     gap is ``delay`` + ``tool_wait_ms`` after the dependencies end. Hash ids are one
-    id space for the file; the block size is the one every row's ids fit.
+    id space for the file; the block size is the rows' ``block_size`` (written by
+    :func:`agentic_rows`), else the one every row's ids fit.
     """
     reader = _Reader(path)
     for line, obj in rows:
@@ -548,8 +571,9 @@ def agentic_rows(trace: Trace) -> tuple[int, Iterator[dict[str, Any]]]:
     subagent's first request for its anchor (listed in the anchor's ``branches``),
     and a join request also for the subagent's last request. ``delay`` is the think
     gap; ``timestamp`` the request's time on the trace's timeline (trees without one
-    start at 0). Raises TraceError for sessions of different block sizes or a
-    session id used twice.
+    start at 0); ``block_size``, a field Dynamo's reader ignores (it takes the size
+    as a flag), lets this module's reader know it rather than infer it. Raises
+    TraceError for sessions of different block sizes or a session id used twice.
     """
     sizes = {s.block_size for s, _ in trace.all_sessions()}
     if len(sizes) > 1:
@@ -605,15 +629,16 @@ def _session_rows(
             "input_length": req.input_tokens,
             "output_length": req.output_tokens,
             "hash_ids": ids(req),
-            "timestamp": round((start_s + req.t_s) * 1000.0, 3),
+            "timestamp": (start_s + req.t_s) * 1000.0,
         }
         if wait_for:
-            row["delay"] = round(req.think_time_s * 1000.0, 3)
+            row["delay"] = req.think_time_s * 1000.0
             row["wait_for"] = wait_for
         branches = [_rid(sub.session, 0) for sub in subs if sub.session.requests]
         if branches:
             row["branches"] = branches
         row["prefix_reset"] = i == 0
+        row["block_size"] = s.block_size  # beyond Dynamo's fields: it ignores it
         yield row
         for sub in subs:
             yield from _session_rows(sub.session, ids, start_s + sub.t_s, (s, sub))

@@ -5,17 +5,20 @@ named."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from tests.builders import write_jsonl
 from tests.processes import run_cli
-from tests.traces.formats import AGENTIC_ROWS, same_tree
+from tests.traces.formats import AGENTIC_ROWS, canonical_ids, same_tree
 from traces.errors import TraceFormatError
 from traces.io import check_trace, read_trace, write_trace
-from traces.model import Trace
+from traces.model import Session, Trace
 
 
 def _read(tmp_path: Path, rows: list[dict[str, Any]]) -> Trace:
@@ -148,3 +151,63 @@ def test_a_wait_cycle_and_an_unmappable_dag_are_problems(tmp_path: Path) -> None
     rows[2]["wait_for"] = ["c1", "r2"]  # the child waits for its parent's later call
     with pytest.raises(TraceFormatError, match="not a subagent of 'child'"):
         _read(tmp_path, rows)
+
+
+def _carried(s: Session) -> Session:
+    """``s`` as agentic rows can carry it: no subagent that nothing links to its
+    parent (spawned before the first request) or that has no request to name."""
+    subs = tuple(
+        replace(x, session=_carried(x.session))
+        for x in s.subagents
+        if x.anchor_index >= 0 and len(x.session.requests)
+    )
+    return replace(s, subagents=subs)
+
+
+def _timeline(s: Session) -> list[float]:
+    """Times as the rows carry them, flat: each request's from its session's first
+    (the first row is the session's start) and each gap after it, then per subagent
+    its anchor, join (-1: none), spawn time likewise, first gap and timeline."""
+    t0 = s.requests[0].t_s
+    out = [r.t_s - t0 for r in s.requests] + [r.think_time_s for r in s.requests[1:]]
+    for x in s.subagents:
+        first = x.session.requests[0]
+        join = -1 if x.join_index is None else x.join_index
+        out += [x.anchor_index, join, x.t_s + first.t_s - t0, first.think_time_s]
+        out += _timeline(x.session)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_tree_round_trips_through_agentic_rows(
+    tmp_path_factory: pytest.TempPathFactory,
+    trace_strategy: st.SearchStrategy[Trace],
+    data: st.DataObject,
+) -> None:
+    drawn = data.draw(trace_strategy)
+    block = drawn.sessions[0].block_size
+    roots = tuple(  # one block size a file
+        _carried(s) for s in drawn.sessions if len(s.requests) and s.block_size == block
+    )
+    assume(roots)
+    original = Trace(sessions=roots)
+    out = tmp_path_factory.mktemp("rt") / "t.jsonl"
+    back = read_trace(write_trace(original, out, to="agentic-mooncake"))
+    assert len(back) == len(original)
+    for a, b in zip(original.sessions, back.sessions, strict=True):
+        assert [(s.session_id, len(s.requests)) for s, _ in b.walk()] == [
+            (s.session_id, len(s.requests)) for s, _ in a.walk()
+        ]
+        assert b.block_size == block
+        assert canonical_ids(b, full_blocks_only=True) == canonical_ids(
+            a, full_blocks_only=True
+        )
+        tokens = [(r.input_tokens, r.output_tokens) for _, _, r in a.ordered_requests()]
+        assert [
+            (r.input_tokens, r.output_tokens) for _, _, r in b.ordered_requests()
+        ] == tokens
+        assert _timeline(b) == pytest.approx(_timeline(a), abs=1e-6)
+        assert b.start_s == pytest.approx(
+            (a.start_s or 0.0) + a.requests[0].t_s, abs=1e-6
+        )
