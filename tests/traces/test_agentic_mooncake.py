@@ -178,7 +178,7 @@ def _timeline(s: Session) -> list[float]:
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_any_tree_round_trips_through_agentic_rows(
     tmp_path_factory: pytest.TempPathFactory,
