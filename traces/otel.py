@@ -413,29 +413,35 @@ def read_otlp(
         top = reader.agents(spans)
         if not top.calls and len(top.agents) == 1:
             top = top.agents[0]
-        groups.setdefault(_conversation(spans) or tid, []).append(top)
+        if top.calls or top.agents:  # traces of other work hold no GenAI call
+            groups.setdefault(_conversation(spans) or tid, []).append(top)
     builder = _Builder(reader)
-    sessions: list[Session] = []
-    origin = min(a.start_ns for tops in groups.values() for a in tops)
+    roots: list[tuple[str, list[_Span], list[_Agent]]] = []
     for sid, tops in groups.items():
         tops.sort(key=lambda a: a.start_ns)
         calls = [c for a in tops for c in a.calls]
         agents = [k for a in tops for k in a.agents]
-        if not calls:
-            reader.bad(
-                None,
-                sid,
-                None,
-                None,
-                "no LLM call spans (gen_ai.operation.name chat, text_completion "
-                "or generate_content) outside subagents",
-            )
-            continue
+        if calls:
+            roots.append((sid, calls, agents))
+        else:  # agents side by side with no caller: each a session of its own
+            for a in agents:
+                name = a.span.span_id if a.span is not None else str(len(roots))
+                roots.append((f"{sid}/{name}", a.calls, a.agents))
+    sessions: list[Session] = []
+    origin = min((calls[0].start_ns for _, calls, _ in roots), default=0)
+    for sid, calls, agents in roots:
         s = builder.session(sid, calls, agents, None)
         if s is not None:
             sessions.append(_with_start(s, (calls[0].start_ns - origin) / 1e9))
     if not reader.problems and not sessions:
-        reader.bad(None, None, None, None, "no LLM call spans")
+        reader.bad(
+            None,
+            None,
+            None,
+            None,
+            "no LLM call spans (gen_ai.operation.name chat, text_completion or "
+            "generate_content)",
+        )
     return ([] if reader.problems else sessions), reader.problems
 
 

@@ -99,3 +99,32 @@ def test_a_call_without_usage_is_named(tmp_path: Path) -> None:
     (p,) = problems
     assert "field 'gen_ai.usage.output_tokens': span s1:" in str(p)
     assert "expected a token count, got None" in str(p)
+
+
+def test_agents_side_by_side_are_sessions_and_other_traces_are_left_out(
+    tmp_path: Path,
+) -> None:
+    spans = [
+        # A workflow running two agents one after the other, with no call itself.
+        span("w", None, "invoke_workflow", 0, 900, trace="t9"),
+        span("p", "w", "invoke_agent", 0, 400, trace="t9", agent__name="plan"),
+        chat("p1", "p", 0, 400, 100, 10, trace="t9"),
+        span("c", "w", "invoke_agent", 500, 900, trace="t9", agent__name="code"),
+        chat("c1", "c", 500, 700, 120, 20, trace="t9"),
+        chat("c2", "c", 800, 900, 150, 5, trace="t9"),
+        # An HTTP server's trace in the same export: no GenAI call.
+        {**span("h", None, "GET", 0, 5, trace="t8"), "attributes": []},
+    ]
+    trace = read_trace(_write(tmp_path / "w.json", otlp(spans)))
+    assert [(s.session_id, len(s.requests)) for s in trace.sessions] == [
+        ("t9/p", 1),
+        ("t9/c", 2),
+    ]
+    assert [s.start_s for s in trace.sessions] == [0.0, 0.5]
+    assert trace.sessions[1].requests[1].think_time_s == pytest.approx(0.1)
+    only_http = _write(tmp_path / "h.json", otlp([spans[-1]]))
+    _, problems = check_trace(only_http)
+    assert [p.reason for p in problems] == [
+        "no LLM call spans (gen_ai.operation.name chat, text_completion or "
+        "generate_content)"
+    ]
