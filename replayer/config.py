@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from replayer.errors import ConfigError
 from traces.materialize import Api, PromptConfig
-from traces.mooncake import MooncakeRows
+from traces.mooncake import MOONCAKE_ROWS, MooncakeRows
 
 Mode = Literal["concurrency", "session_rate", "timestamps"]
 Arrival = Literal["poisson", "gamma"]
@@ -296,6 +296,11 @@ class ReplayConfig:
             raise ConfigError(
                 f"--session-routing {self.session_routing} names its headers: "
                 "drop --session-header"
+            )
+        if self.mooncake_rows not in MOONCAKE_ROWS:
+            raise ConfigError(
+                f"mooncake rows must be one of {', '.join(MOONCAKE_ROWS)} "
+                f"(got {self.mooncake_rows!r})"
             )
         if not self.output_scale > 0:
             raise ConfigError(f"output scale must be > 0 (got {self.output_scale})")
