@@ -57,7 +57,7 @@ def parse_mooncake_line(
         why = count_problem(v)
         if why is not None:
             problems.append(_problem(path, line, key, why))
-        vals[key] = v if why is None else 0  # type: ignore[assignment]
+        vals[key] = v if why is None and isinstance(v, int) else 0
     ts = obj.get("timestamp")
     if not isinstance(ts, int | float) or isinstance(ts, bool) or ts < 0:
         problems.append(

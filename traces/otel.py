@@ -142,7 +142,7 @@ class _Reader:
         times = []
         for key in ("startTimeUnixNano", "endTimeUnixNano"):
             try:
-                times.append(int(raw.get(key)))  # type: ignore[arg-type]
+                times.append(int(raw.get(key, "")))
             except (TypeError, ValueError):
                 self.bad(
                     line,
@@ -251,10 +251,10 @@ class _Reader:
         model = c.attrs.get("gen_ai.response.model") or c.attrs.get(
             "gen_ai.request.model"
         )
-        extra = {"span_id": c.span_id}
+        extra: dict[str, Any] = {"span_id": c.span_id}
         cached = c.attrs.get("gen_ai.usage.cache_read.input_tokens")
         if isinstance(cached, int) and not isinstance(cached, bool):
-            extra["cached_tokens"] = cached  # type: ignore[assignment]
+            extra["cached_tokens"] = cached
         return Request(
             input_tokens=counts["gen_ai.usage.input_tokens"],
             output_tokens=counts["gen_ai.usage.output_tokens"],

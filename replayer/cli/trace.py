@@ -27,7 +27,9 @@ from replayer.cli.params import (
 
 if TYPE_CHECKING:
     from traces.cache_curve import CacheCurve
+    from traces.io import OutFormat
     from traces.model import Trace
+    from traces.mooncake import MooncakeRows
 
 
 @click.group()
@@ -38,12 +40,12 @@ def trace() -> None:
 _TRACE_PATH = click.Path(exists=True, path_type=Path)
 
 
-def read_warned(path: Path, mooncake_rows: str) -> Trace:
+def read_warned(path: Path, mooncake_rows: MooncakeRows) -> Trace:
     """The trace at ``path``, what the reading noticed printed as warnings."""
     from traces.io import read_trace
 
     notes: list[str] = []
-    loaded = read_trace(path, mooncake_rows=mooncake_rows, notes=notes)  # type: ignore[arg-type]
+    loaded = read_trace(path, mooncake_rows=mooncake_rows, notes=notes)
     for note in notes:
         click.echo(f"warning: {note}", err=True)
     return loaded
@@ -53,7 +55,7 @@ def read_warned(path: Path, mooncake_rows: str) -> Trace:
 @click.argument("path", type=_TRACE_PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @mooncake_rows_option
-def trace_stats_cmd(path: Path, as_json: bool, mooncake_rows: str) -> None:
+def trace_stats_cmd(path: Path, as_json: bool, mooncake_rows: MooncakeRows) -> None:
     """Statistics of the trace at PATH (a file or a folder; the format is detected)."""
     from traces.stats import trace_stats
 
@@ -98,17 +100,13 @@ def format_stats(d: dict[str, Any], path: Path) -> str:
 @trace.command("validate")
 @click.argument("path", type=_TRACE_PATH)
 @mooncake_rows_option
-def trace_validate_cmd(path: Path, mooncake_rows: str) -> None:
+def trace_validate_cmd(path: Path, mooncake_rows: MooncakeRows) -> None:
     """Check the trace at PATH; print every problem, one per line; exit 1 if any."""
     from traces.io import check_trace
 
     notes: list[str] = []
     with errors_as_messages():
-        loaded, problems = check_trace(
-            path,
-            mooncake_rows=mooncake_rows,  # type: ignore[arg-type]
-            notes=notes,
-        )
+        loaded, problems = check_trace(path, mooncake_rows=mooncake_rows, notes=notes)
     for note in notes:
         click.echo(f"warning: {note}", err=True)
     for problem in problems:
@@ -143,14 +141,16 @@ def trace_validate_cmd(path: Path, mooncake_rows: str) -> None:
     "`python -m dynamo.replay --trace-format agentic_mooncake`.",
 )
 @mooncake_rows_option
-def trace_convert_cmd(path: Path, out: Path, to: str, mooncake_rows: str) -> None:
+def trace_convert_cmd(
+    path: Path, out: Path, to: OutFormat, mooncake_rows: MooncakeRows
+) -> None:
     """Convert the trace at PATH to native JSONL, a Parquet trace store or Dynamo's
     agentic Mooncake rows."""
     from traces.io import write_trace
 
     with errors_as_messages():
         loaded = read_warned(path, mooncake_rows)
-        write_trace(loaded, out, to=to)  # type: ignore[arg-type]
+        write_trace(loaded, out, to=to)
     click.echo(
         f"wrote {out} ({len(loaded):,} sessions, {loaded.request_count():,} requests)"
     )
@@ -348,7 +348,7 @@ def trace_cache_curve_cmd(
     server_kv_gib: float | None,
     engine: str | None,
     sim_args: tuple[str, ...],
-    mooncake_rows: str,
+    mooncake_rows: MooncakeRows,
     as_json: bool,
 ) -> None:
     """Prefix-cache hit rate against KV budget for the trace at PATH, its requests
