@@ -15,6 +15,7 @@ import numpy as np
 from traces.errors import Problem, TraceError
 from traces.model import HashIds, Request, Session, Subagent, Trace
 from traces.mooncake import count_problem
+from traces.table import table_of
 
 # The fields of Dynamo's AgenticMooncakeRow (dynamo_data_gen::mooncake), with the
 # aliases its reader accepts; anything else on a row is kept in Request.extra.
@@ -443,7 +444,7 @@ class _Reader:
         )
         return Session(
             session_id=t.sid,
-            requests=tuple(requests),
+            requests=table_of(requests),
             subagents=subagents,
             block_size=block,
             hash_id_scope="global",

@@ -11,6 +11,7 @@ from typing import Any
 
 from traces.errors import Problem
 from traces.model import MAX_TOKENS, Request, Session, Subagent
+from traces.table import table_of
 
 # gen_ai.operation.name values (OpenTelemetry GenAI semantic conventions).
 CALL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
@@ -372,7 +373,7 @@ class _Builder:
             )
         return Session(
             session_id=sid,
-            requests=tuple(requests),
+            requests=table_of(requests),
             subagents=tuple(subagents),
             block_size=OTLP_BLOCK_SIZE,
             hash_id_scope="local",
