@@ -15,12 +15,13 @@ import gc
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from bench_load import _peak_rss_mb  # the same fresh-process VmHWM reading
 
 from traces import read_trace, write_trace
 
@@ -33,22 +34,6 @@ def _time_s(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
-
-
-def _peak_rss_mb(path: Path) -> float:
-    """VmHWM of a fresh process that reads ``path``."""
-    code = (
-        "import sys\nfrom traces import read_trace\nread_trace(sys.argv[1])\n"
-        "print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(path)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    ).stdout
-    return int(out.split()[1]) / 1024
 
 
 def main() -> None:
@@ -77,8 +62,8 @@ def main() -> None:
             "native JSONL": native.stat().st_size,
             "agentic Mooncake": agentic.stat().st_size,
         }
-        rss = {"native JSONL": _peak_rss_mb(native)}
-        rss["agentic Mooncake"] = _peak_rss_mb(agentic)
+        rss = {"native JSONL": _peak_rss_mb(native)[1]}
+        rss["agentic Mooncake"] = _peak_rss_mb(agentic)[1]
     say = sys.stdout.write
     say(
         f"{len(trace)} sessions, {trace.request_count():,} requests, {ids / 1e6:.1f}M "
