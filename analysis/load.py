@@ -292,7 +292,9 @@ def load_trace_for(run: Run, trace_path: str | Path | None = None) -> Trace:
             f"{run.path}: run.json names no trace path; pass the trace explicitly"
         )
     try:
-        return read_trace(Path(trace_path))
+        replay = run.meta.config.replay
+        rows = "auto" if replay is None else replay.mooncake_rows
+        return read_trace(Path(trace_path), mooncake_rows=rows)
     except TraceError as exc:
         raise AnalysisError(f"{run.path}: cannot reload its trace: {exc}") from exc
 

@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from replayer.errors import ConfigError
 from traces.gaps import GapRule
 from traces.materialize import Api, PromptConfig
+from traces.mooncake import MOONCAKE_ROWS, MooncakeRows
 
 Mode = Literal["concurrency", "session_rate", "timestamps"]
 Arrival = Literal["poisson", "gamma"]
@@ -302,6 +303,8 @@ class ReplayConfig:
     # Replay in virtual time against this engine model (an ENGINE.json path, or
     # "sim": the built-in simulator's settings) instead of a server.
     virtual: str | None = None
+    # How the trace's Mooncake session rows are read (traces.mooncake).
+    mooncake_rows: MooncakeRows = "auto"
 
     def __post_init__(self) -> None:
         if self.session_header is not None:
@@ -310,6 +313,11 @@ class ReplayConfig:
             raise ConfigError(
                 f"--session-routing {self.session_routing} names its headers: "
                 "drop --session-header"
+            )
+        if self.mooncake_rows not in MOONCAKE_ROWS:
+            raise ConfigError(
+                f"mooncake rows must be one of {', '.join(MOONCAKE_ROWS)} "
+                f"(got {self.mooncake_rows!r})"
             )
         if not self.output_scale > 0:
             raise ConfigError(f"output scale must be > 0 (got {self.output_scale})")

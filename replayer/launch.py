@@ -78,8 +78,9 @@ def replay(
         raise ConfigError("--ray needs a trace file that each actor reads")
     # Bad input fails before any server starts; with workers, each reads its own.
     loaded: Trace | None = trace if isinstance(trace, Trace) else None
+    notes: list[str] = []
     if trace_path is not None and config.workers == 1 and not config.ray_address:
-        loaded = read_trace(trace_path)
+        loaded = read_trace(trace_path, mooncake_rows=config.mooncake_rows, notes=notes)
     if loaded is not None:
         check_prompt_memory(loaded, config)
     meta = RunMeta(
@@ -91,6 +92,7 @@ def replay(
             content_hash=None if trace_path is None else trace_content_hash(trace_path),
         ),
     )
+    meta = _said(meta, notes, progress)
     if config.virtual is not None:
         from replayer.runner.virtual import replay_virtual, virtual_sim_config
 
@@ -106,7 +108,8 @@ def replay(
         sim = started if started is not None else sim
         meta = replace(meta, simulated=sim is not None, sim=sim)
         if sim is not None and loaded is not None:
-            meta = replace(meta, warnings=sim_fit_warnings(loaded, config, sim))
+            said = sim_fit_warnings(loaded, config, sim)
+            meta = replace(meta, warnings=[*meta.warnings, *said])
         if config.max_model_len is None:
             length = run_async(lambda: served_context(config.endpoint))
             config = replace(config, max_model_len=length)
@@ -138,7 +141,11 @@ def _say_fit(
 ) -> RunMeta:
     """Say now (and in run.json's warnings) how many requests cannot fit the
     server's context."""
-    said = fit_warnings(trace, config)
+    return _said(meta, fit_warnings(trace, config), progress)
+
+
+def _said(meta: RunMeta, said: list[str], progress: TextIO | None) -> RunMeta:
+    """``said`` written now as warnings, and kept in run.json's."""
     if progress is not None:
         for line in said:
             progress.write(f"warning: {line}\n")

@@ -8,16 +8,29 @@ import gc
 import gzip
 import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import orjson
 
+from traces.agentic_mooncake import (
+    agentic_rows,
+    looks_like_agentic_mooncake,
+    read_agentic_rows,
+)
 from traces.bailian import looks_like_bailian, read_bailian
 from traces.burstgpt import looks_like_burstgpt, read_burstgpt
 from traces.errors import Problem, TraceError, TraceFormatError
 from traces.model import Request, Session, Trace
-from traces.mooncake import build_sessions, looks_like_mooncake, parse_mooncake_line
+from traces.mooncake import (
+    MooncakeRows,
+    build_sessions,
+    looks_like_mooncake,
+    parse_mooncake_line,
+)
+from traces.otel import looks_like_otlp, read_otlp
 from traces.source import file_lines, read_file_bytes
 from traces.weka import parse_session, session_to_dict
 
@@ -53,7 +66,17 @@ def _json_error(path: Path, line: int | None, exc: orjson.JSONDecodeError) -> Pr
     return Problem(path=path, line=line, reason=f"malformed JSON: {exc}")
 
 
-def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str]:
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """How a trace is read, and where what the reading noticed is said."""
+
+    mooncake_rows: MooncakeRows = "auto"
+    notes: list[str] | None = None
+
+
+def _parse_file(
+    path: Path, problems: list[Problem], how: _Reading
+) -> tuple[list[Session], str]:
     if path.name.endswith(".parquet"):
         from traces.store import read_store
 
@@ -76,7 +99,7 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
             if second is not None:
                 # One JSON value a line: read line by line, as the file streams.
                 rest = itertools.chain([second], lines)
-                return _parse_jsonl(path, (head[0], first), rest, problems)
+                return _parse_jsonl(path, (head[0], first), rest, problems, how)
     # One document (pretty-printed, or alone on its line), or not JSON at all.
     data = read_file_bytes(path)
     try:
@@ -84,7 +107,13 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
     except orjson.JSONDecodeError as exc:
         problems.append(_json_error(path, exc.lineno, exc))
         return [], "native"
-    if isinstance(whole, dict) and not looks_like_mooncake(whole):
+    if looks_like_otlp(whole):
+        return _parse_otlp(path, [(None, whole)], problems), "otlp"
+    if (
+        isinstance(whole, dict)
+        and not looks_like_mooncake(whole)
+        and not looks_like_agentic_mooncake(whole)
+    ):
         # One session per file (the Weka corpus layout), pretty-printed or not.
         session, probs = parse_session(
             whole, path=path, line=None, fallback_id=path.stem
@@ -93,7 +122,7 @@ def _parse_file(path: Path, problems: list[Problem]) -> tuple[list[Session], str
         return ([session] if session else []), "weka"
     if isinstance(whole, list):
         return _parse_session_list(path, whole, problems), "weka"
-    return _parse_jsonl(path, (head[0], whole), iter(()), problems)
+    return _parse_jsonl(path, (head[0], whole), iter(()), problems, how)
 
 
 def _parse_jsonl(
@@ -101,13 +130,21 @@ def _parse_jsonl(
     first: tuple[int, object],
     rest: Iterator[tuple[int, bytes]],
     problems: list[Problem],
+    how: _Reading,
 ) -> tuple[list[Session], str]:
-    """JSON Lines, the first line's value already read: Bailian, Mooncake or native
-    sessions, by that first value."""
-    # Bailian rows carry Mooncake's timestamp and input_length too: asked first.
+    """JSON Lines, the first line's value already read: Bailian, agentic Mooncake,
+    Mooncake, OTLP spans or native sessions, by that first value."""
+    # Bailian rows carry Mooncake's timestamp and input_length too: asked first;
+    # agentic Mooncake rows are Mooncake rows with a request_id: asked before.
     if looks_like_bailian(first[1]):
         return _parse_other(read_bailian, path, problems), "bailian"
     values = itertools.chain([first], _json_lines(path, rest, problems))
+    if looks_like_agentic_mooncake(first[1]):
+        rows, probs = read_agentic_rows(path, values)
+        problems.extend(probs)
+        return rows, "agentic_mooncake"
+    if looks_like_otlp(first[1]):
+        return _parse_otlp(path, values, problems), "otlp"
     if looks_like_mooncake(first[1]):
         items: list[tuple[str | None, float, Request]] = []
         for lineno, obj in values:
@@ -115,7 +152,10 @@ def _parse_jsonl(
             problems.extend(probs)
             if item is not None:
                 items.append(item)
-        return build_sessions(items), "mooncake"
+        built = build_sessions(
+            items, rows=how.mooncake_rows, notes=how.notes, path=path
+        )
+        return built, "mooncake"
     sessions: list[Session] = []
     for lineno, obj in values:
         session, probs = parse_session(
@@ -125,6 +165,14 @@ def _parse_jsonl(
         if session is not None:
             sessions.append(session)
     return sessions, "native"
+
+
+def _parse_otlp(
+    path: Path, values: Iterable[tuple[int | None, object]], problems: list[Problem]
+) -> list[Session]:
+    sessions, probs = read_otlp(path, values)
+    problems.extend(probs)
+    return sessions
 
 
 def _parse_other(
@@ -168,11 +216,20 @@ def _json_lines(
         yield lineno, obj
 
 
-def check_trace(path: Path) -> tuple[Trace | None, list[Problem]]:
+def check_trace(
+    path: Path,
+    *,
+    mooncake_rows: MooncakeRows = "auto",
+    notes: list[str] | None = None,
+) -> tuple[Trace | None, list[Problem]]:
     """Read ``path`` and return (trace, every problem found); trace is None on problems.
 
+    ``mooncake_rows``: how Mooncake session rows are read (see
+    :func:`traces.mooncake.build_sessions`); ``notes`` collects what the reading
+    noticed and the reader should hear (how auto read the rows).
     Raises TraceError only when the path itself cannot be read.
     """
+    how = _Reading(mooncake_rows=mooncake_rows, notes=notes)
     problems: list[Problem] = []
     sessions: list[Session] = []
     formats: set[str] = set()
@@ -185,7 +242,7 @@ def check_trace(path: Path) -> tuple[Trace | None, list[Problem]]:
     try:
         for f in files:
             try:
-                got, fmt = _parse_file(f, problems)
+                got, fmt = _parse_file(f, problems, how)
             except TraceFormatError as exc:  # a trace store's rows
                 problems.extend(exc.problems)
                 continue
@@ -219,29 +276,51 @@ def check_trace(path: Path) -> tuple[Trace | None, list[Problem]]:
     return Trace(sessions=tuple(sessions), source_format=fmt), []
 
 
-def read_trace(path: Path | str) -> Trace:
-    """Load the trace at ``path``; raise TraceFormatError listing every problem."""
-    trace, problems = check_trace(Path(path))
+def read_trace(
+    path: Path | str,
+    *,
+    mooncake_rows: MooncakeRows = "auto",
+    notes: list[str] | None = None,
+) -> Trace:
+    """Load the trace at ``path``; raise TraceFormatError listing every problem.
+    ``mooncake_rows`` and ``notes``: as :func:`check_trace`."""
+    trace, problems = check_trace(Path(path), mooncake_rows=mooncake_rows, notes=notes)
     if trace is None:
         raise TraceFormatError(problems)
     return trace
 
 
-def write_trace(trace: Trace, out: Path | str) -> Path:
+OutFormat = Literal["native", "agentic-mooncake"]
+OUT_FORMATS: tuple[OutFormat, ...] = ("native", "agentic-mooncake")
+
+
+def write_trace(trace: Trace, out: Path | str, *, to: OutFormat = "native") -> Path:
     """Write ``trace`` as native JSONL (``.jsonl``, ``.jsonl.gz``) or a Parquet store
-    (``.parquet``)."""
+    (``.parquet``); ``to="agentic-mooncake"``: as Dynamo's agentic Mooncake rows
+    (``.jsonl``, ``.jsonl.gz``; see :func:`traces.agentic_mooncake.agentic_rows`)."""
     out = Path(out)
     name = out.name
-    if name.endswith(".parquet"):
+    if to == "native" and name.endswith(".parquet"):
         from traces.store import write_store
 
         write_store(trace, out)
         return out
     if not name.endswith((".jsonl", ".jsonl.gz")):
         raise TraceError(
-            f"{out}: unknown output format; use .jsonl, .jsonl.gz or .parquet"
+            f"{out}: unknown output format; use .jsonl, .jsonl.gz"
+            + (" or .parquet" if to == "native" else f" for {to}")
         )
-    # One session at a time: a full AgentX corpus holds ~350M hash ids.
+    if to == "agentic-mooncake":
+        _, objs = agentic_rows(trace)
+        _write_jsonl(out, objs)
+    else:
+        # One session at a time: a full AgentX corpus holds ~350M hash ids.
+        _write_jsonl(out, (session_to_dict(s) for s in trace.sessions))
+    return out
+
+
+def _write_jsonl(out: Path, objs: Iterable[object]) -> None:
+    """``objs`` one a line into ``out`` (gzip for ``.gz``), whole or not at all."""
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     opts = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
     try:
@@ -249,14 +328,16 @@ def write_trace(trace: Trace, out: Path | str) -> Path:
         raw = tmp.open("wb")
         sink = (
             gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0)
-            if name.endswith(".gz")
+            if out.name.endswith(".gz")
             else raw
         )
         with raw, sink:
-            for s in trace.sessions:
-                sink.write(orjson.dumps(session_to_dict(s), option=opts))
+            for obj in objs:
+                sink.write(orjson.dumps(obj, option=opts))
         tmp.replace(out)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise TraceError(f"{out}: cannot write: {exc.strerror or exc}") from exc
-    return out
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -108,13 +108,23 @@ def _with_analysis_options(fn: Any) -> Any:
 @click.command("analyze")
 @click.argument("run_dirs", nargs=-1, required=True, type=_RUN_DIR)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(("text", "json", "llmd-br")),
+    help="text (the default), json (= --json), or llmd-br: llm-d's Benchmark "
+    "Report v0.2 (JSON; one object, or a list with several runs).",
+)
 @_with_analysis_options
-def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
+def analyze(
+    run_dirs: tuple[Path, ...], as_json: bool, fmt: str | None, **options: Any
+) -> None:
     """Summaries of RUN_DIRS (run directories or sweep folders).
 
     With one run, --json prints its summary object; with several (or a sweep) it
     prints {"runs": [summary, ...]} plus "sweeps": [{"path", "levels": [...]}] with
-    each level's Pareto flag.
+    each level's Pareto flag. --format llmd-br prints each run as llm-d's Benchmark
+    Report v0.2, with the same figures.
     """
     from analysis.load import load_capacity
     from analysis.sweep import sweep_table
@@ -127,11 +137,19 @@ def analyze(run_dirs: tuple[Path, ...], as_json: bool, **options: Any) -> None:
         # A capacity folder is a sweep with the search's result beside it.
         capacities = [load_capacity(p) for p, _ in sweeps]
     by_path = {s.run.path: s for s in summaries}
+    if as_json and fmt not in (None, "json"):
+        raise click.UsageError(f"--json and --format {fmt} contradict each other")
+    if fmt == "llmd-br":
+        from analysis.llmd import benchmark_report
+
+        reports = [benchmark_report(r, s) for r, s in zip(runs, summaries, strict=True)]
+        echo_json(reports[0] if len(reports) == 1 else reports)
+        return
     tables = [
         (p, sweep_table([by_path[str(r.path)] for r in level_runs]))
         for p, level_runs in sweeps
     ]
-    if as_json:
+    if as_json or fmt == "json":
         if len(summaries) == 1 and not sweeps:
             echo_json(summaries[0].as_dict())
             return

@@ -48,6 +48,7 @@ _TOP = {
     "output_scale": "output-scale",
     "max_output_tokens": "max-output-tokens",
     "fit_context": "fit-context",
+    "mooncake_rows": "mooncake-rows",
     "max_error_rate": "max-error-rate",  # in older runs' config; now the CLI's alone
     "live_assistant": "live-assistant",
     "virtual": "virtual",

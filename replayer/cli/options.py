@@ -26,6 +26,7 @@ from replayer.cli.params import (
     ShellArgs,
     TokenRange,
     count,
+    mooncake_rows_option,
 )
 
 if TYPE_CHECKING:
@@ -209,6 +210,7 @@ def _options() -> list[Callable[[F], F]]:
             "sent as they are (off), or their output shortened to fit (clamp; "
             "counted per row).",
         ),
+        mooncake_rows_option,
         click.option(
             "--tokenizer",
             type=click.Path(exists=True, dir_okay=False),
@@ -633,6 +635,7 @@ def build_config(opts: dict[str, Any], *, concurrency: int | None) -> ReplayConf
         output_scale=opts["output_scale"],
         max_output_tokens=opts["max_output_tokens"],
         fit_context=opts["fit_context"],
+        mooncake_rows=opts["mooncake_rows"],
         live_assistant=opts["live_assistant"],
         virtual=opts.get("virtual"),
     )

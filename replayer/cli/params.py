@@ -195,3 +195,15 @@ def parse_slo_option(
         return parse_slo(value)
     except AnalysisError as exc:
         raise click.BadParameter(str(exc)) from exc
+
+
+MOONCAKE_ROWS = ("auto", "delta", "cumulative")  # = traces.mooncake.MOONCAKE_ROWS
+mooncake_rows_option = click.option(
+    "--mooncake-rows",
+    type=click.Choice(MOONCAKE_ROWS),
+    default="auto",
+    show_default=True,
+    help="Mooncake rows of one session: each a full prompt (cumulative), or the new "
+    "turn only, the history added (delta); auto: as their hash ids say (a warning "
+    "tells which).",
+)

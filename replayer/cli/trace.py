@@ -22,11 +22,14 @@ from replayer.cli.params import (
     ShellArgs,
     count,
     int_list,
+    mooncake_rows_option,
 )
 
 if TYPE_CHECKING:
     from traces.cache_curve import CacheCurve
+    from traces.io import OutFormat
     from traces.model import Trace
+    from traces.mooncake import MooncakeRows
 
 
 @click.group()
@@ -37,16 +40,27 @@ def trace() -> None:
 _TRACE_PATH = click.Path(exists=True, path_type=Path)
 
 
+def read_warned(path: Path, mooncake_rows: MooncakeRows) -> Trace:
+    """The trace at ``path``, what the reading noticed printed as warnings."""
+    from traces.io import read_trace
+
+    notes: list[str] = []
+    loaded = read_trace(path, mooncake_rows=mooncake_rows, notes=notes)
+    for note in notes:
+        click.echo(f"warning: {note}", err=True)
+    return loaded
+
+
 @trace.command("stats")
 @click.argument("path", type=_TRACE_PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def trace_stats_cmd(path: Path, as_json: bool) -> None:
+@mooncake_rows_option
+def trace_stats_cmd(path: Path, as_json: bool, mooncake_rows: MooncakeRows) -> None:
     """Statistics of the trace at PATH (a file or a folder; the format is detected)."""
-    from traces.io import read_trace
     from traces.stats import trace_stats
 
     with errors_as_messages():
-        stats = trace_stats(read_trace(path))
+        stats = trace_stats(read_warned(path, mooncake_rows))
     if as_json:
         echo_json(stats.as_dict())
         return
@@ -100,12 +114,16 @@ def format_stats(d: dict[str, Any], path: Path) -> str:
 
 @trace.command("validate")
 @click.argument("path", type=_TRACE_PATH)
-def trace_validate_cmd(path: Path) -> None:
+@mooncake_rows_option
+def trace_validate_cmd(path: Path, mooncake_rows: MooncakeRows) -> None:
     """Check the trace at PATH; print every problem, one per line; exit 1 if any."""
     from traces.io import check_trace
 
+    notes: list[str] = []
     with errors_as_messages():
-        loaded, problems = check_trace(path)
+        loaded, problems = check_trace(path, mooncake_rows=mooncake_rows, notes=notes)
+    for note in notes:
+        click.echo(f"warning: {note}", err=True)
     for problem in problems:
         click.echo(str(problem))
     if problems:
@@ -128,16 +146,35 @@ def trace_validate_cmd(path: Path) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Output file: .jsonl / .jsonl.gz (native) or .parquet (fast reload).",
 )
-def trace_convert_cmd(path: Path, out: Path) -> None:
-    """Convert the trace at PATH to native JSONL or a Parquet trace store."""
-    from traces.io import read_trace, write_trace
+@click.option(
+    "--to",
+    "to",
+    type=click.Choice(("native", "agentic-mooncake")),  # = traces.io.OUT_FORMATS
+    default="native",
+    show_default=True,
+    help="agentic-mooncake: Dynamo's agentic Mooncake rows (.jsonl), for "
+    "`python -m dynamo.replay --trace-format agentic_mooncake`.",
+)
+@mooncake_rows_option
+def trace_convert_cmd(
+    path: Path, out: Path, to: OutFormat, mooncake_rows: MooncakeRows
+) -> None:
+    """Convert the trace at PATH to native JSONL, a Parquet trace store or Dynamo's
+    agentic Mooncake rows."""
+    from traces.io import write_trace
 
     with errors_as_messages():
-        loaded = read_trace(path)
-        write_trace(loaded, out)
+        loaded = read_warned(path, mooncake_rows)
+        write_trace(loaded, out, to=to)
     click.echo(
         f"wrote {out} ({len(loaded):,} sessions, {loaded.request_count():,} requests)"
     )
+    if to == "agentic-mooncake":
+        sizes = {s.block_size for s, _ in loaded.all_sessions()}
+        click.echo(
+            f"replay it with: python -m dynamo.replay {shlex.quote(str(out))} "
+            f"--trace-format agentic_mooncake --trace-block-size {sizes.pop()}"
+        )
 
 
 _LOG_SOURCES = ("claude-code", "codex", "tracelab")  # = traces.importers.SOURCES
@@ -318,6 +355,7 @@ def _token_list(
     help="With --engine: options that override the engine model (as `run "
     "--virtual --sim-args`; --kv-capacity-tokens is the budget's).",
 )
+@mooncake_rows_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def trace_cache_curve_cmd(
     path: Path,
@@ -333,6 +371,7 @@ def trace_cache_curve_cmd(
     server_kv_gib: float | None,
     engine: str | None,
     sim_args: tuple[str, ...],
+    mooncake_rows: MooncakeRows,
     as_json: bool,
 ) -> None:
     """Prefix-cache hit rate against KV budget for the trace at PATH, its requests
@@ -347,7 +386,6 @@ def trace_cache_curve_cmd(
     it: there a server pins the running prompts, queues the rest, and hits less than
     this LRU. --max-inflight keeps it small."""
     from traces.cache_curve import cache_curve
-    from traces.io import read_trace
 
     if server_kv_gib is not None:
         if server_kv_tokens is not None:
@@ -359,7 +397,7 @@ def trace_cache_curve_cmd(
         server_kv_tokens = int(server_kv_gib * _GIB // bytes_per_token)
     with errors_as_messages():
         curve = cache_curve(
-            read_trace(path),
+            read_warned(path, mooncake_rows),
             concurrency=concurrency,
             think_scale=think_scale,
             think_cap_s=think_cap,

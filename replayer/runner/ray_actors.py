@@ -122,7 +122,9 @@ class ReplayActor:
 
         self._counters = RunCounters()
         try:
-            trace = await asyncio.to_thread(read_trace, trace_path)
+            trace = await asyncio.to_thread(
+                read_trace, trace_path, mooncake_rows=config.mooncake_rows
+            )
             # Owned and awaited here, not in a TaskGroup: the replay's errors
             # must come out as themselves, not in an ExceptionGroup.
             watch = asyncio.create_task(self._watch_driver(), name="driver-watch")
@@ -302,7 +304,9 @@ def _drive(
             if progress is not None:
                 from traces.io import read_trace
 
-                total = read_trace(trace_path).request_count()
+                total = read_trace(
+                    trace_path, mooncake_rows=config.mooncake_rows
+                ).request_count()
             try:
                 _watch(ray, actors, runs, results, (reports, t0, total))
             finally:
@@ -448,7 +452,7 @@ def _unfinished(
     from replayer.play.schedule import shard
     from traces.io import read_trace
 
-    trace = read_trace(trace_path)
+    trace = read_trace(trace_path, mooncake_rows=config.mooncake_rows)
     parts = sorted((run_dir / "requests").glob("part-*.parquet"))
     rows: dict[str, int] = {}
     if parts:

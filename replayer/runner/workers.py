@@ -185,7 +185,7 @@ def _worker_main(
         return int(t0.value)
 
     try:
-        trace = read_trace(trace_path)
+        trace = read_trace(trace_path, mooncake_rows=config.mooncake_rows)
         total = trace.request_count()
         summary = run_async(
             lambda: replay_trace(

@@ -597,7 +597,7 @@ def replayable(run: Run) -> Replayable:
     if recorded is None:
         raise CalibrationError(f"{where}: run.json settings: no readable config")
     try:
-        trace = read_trace(trace_path)
+        trace = read_trace(trace_path, mooncake_rows=recorded.mooncake_rows)
     except TraceError as exc:
         raise CalibrationError(f"{where}: its trace: {exc}") from None
     # The run's own settings, less what ties them to one server and process: no
