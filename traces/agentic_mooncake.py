@@ -68,6 +68,7 @@ class _Row:
     hash_ids: HashIds
     timestamp_ms: float | None
     wait_ms: float  # delay + tool_wait_ms: the gap after the dependencies end
+    tool_wait_ms: float | None  # its tool part (None: the row has no tool_wait_ms)
     wait_for: list[str]
     branches: list[str]
     extra: dict[str, Any]
@@ -157,6 +158,7 @@ class _Reader:
             self.bad(line, "timestamp", f"expected milliseconds >= 0, got {ts!r:.40}")
             ts = None
         wait = 0.0
+        tool: float | None = None
         for key in ("delay", "tool_wait_ms"):
             v = obj.get(key)
             if v is None:
@@ -165,6 +167,8 @@ class _Reader:
                 self.bad(line, key, f"expected milliseconds >= 0, got {v!r:.40}")
                 continue
             wait += float(v)
+            if key == "tool_wait_ms":
+                tool = float(v)
         ids = _hash_ids(obj.get("hash_ids"))
         if ids is None:
             self.bad(line, "hash_ids", "expected a list of non-negative integers")
@@ -199,6 +203,7 @@ class _Reader:
             hash_ids=ids,
             timestamp_ms=None if ts is None else float(ts),
             wait_ms=wait,
+            tool_wait_ms=tool,
             wait_for=lists["wait_for"],
             branches=lists["branches"],
             extra={"request_id": rid}
@@ -405,7 +410,13 @@ class _Reader:
                 if r.input_tokens is not None
                 else r.hash_ids.size * block
             )
-            think = r.wait_ms / 1000.0 if (r.pos > 0 or t.parent is not None) else 0.0
+            gapped = r.pos > 0 or t.parent is not None
+            think = r.wait_ms / 1000.0 if gapped else 0.0
+            tool = (
+                r.tool_wait_ms / 1000.0
+                if gapped and r.tool_wait_ms is not None
+                else None
+            )
             if r.timestamp_ms is not None and first_ts is not None:
                 t_s = (r.timestamp_ms - first_ts) / 1000.0
             else:
@@ -417,6 +428,7 @@ class _Reader:
                     hash_ids=r.hash_ids,
                     t_s=t_s,
                     think_time_s=think,
+                    tool_wait_s=tool,
                     api_time_s=None,
                     extra=r.extra,
                 )
@@ -633,7 +645,11 @@ def _session_rows(
             "timestamp": (start_s + req.t_s) * 1000.0,
         }
         if wait_for:
-            row["delay"] = req.think_time_s * 1000.0
+            # Dynamo's split of the gap: the tool part (where known) apart.
+            tool = req.tool_wait_s or 0.0
+            row["delay"] = (req.think_time_s - tool) * 1000.0
+            if req.tool_wait_s is not None:
+                row["tool_wait_ms"] = tool * 1000.0
             row["wait_for"] = wait_for
         branches = [_rid(sub.session, 0) for sub in subs if sub.session.requests]
         if branches:

@@ -41,6 +41,7 @@ def test_agentic_rows_make_a_tree_with_a_joined_and_a_background_subagent(
     )  # fmt: skip
     # r2: 400 ms delay + 900 ms tool wait after r1; r1 then lasted 2.5-1.3-1.0 s.
     assert (r2.t_s, r2.think_time_s) == (1.5, 1.3)
+    assert (r2.tool_wait_s, r2.human_wait_s, r3.tool_wait_s) == (0.9, None, None)
     assert r1.api_time_s == pytest.approx(0.2)
     # r3 waits for r2 and the child: 1,050 ms after the later of them (r2).
     assert (r3.t_s, r3.think_time_s) == (3.0, 1.05)
@@ -211,3 +212,17 @@ def test_any_tree_round_trips_through_agentic_rows(
         assert b.start_s == pytest.approx(
             (a.start_s or 0.0) + a.requests[0].t_s, abs=1e-6
         )
+
+
+def test_tool_waits_round_trip_apart_from_the_delay(tmp_path: Path) -> None:
+    trace = _read(tmp_path, AGENTIC_ROWS)
+    out = tmp_path / "again.jsonl"
+    write_trace(trace, out, to="agentic-mooncake")
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    _, r2, r3 = (r for r in rows if r["session_id"] == "root")
+    assert (r2["delay"], r2["tool_wait_ms"]) == pytest.approx((400.0, 900.0))
+    assert "tool_wait_ms" not in r3  # a gap with no tool part known
+    again = read_trace(out)
+    assert [r.tool_wait_s for r in again.sessions[0].requests] == [
+        None, pytest.approx(0.9), None,
+    ]  # fmt: skip
