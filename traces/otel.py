@@ -16,6 +16,7 @@ from traces.table import table_of
 # gen_ai.operation.name values (OpenTelemetry GenAI semantic conventions).
 CALL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 AGENT_OPERATIONS = frozenset({"invoke_agent", "invoke_workflow"})
+TOOL_OPERATION = "execute_tool"
 OTLP_BLOCK_SIZE = 64  # the importers' block size: ids by context growth
 
 
@@ -70,6 +71,7 @@ class _Agent:
     span: _Span | None
     calls: list[_Span] = field(default_factory=list)
     agents: list[_Agent] = field(default_factory=list)
+    tools: list[_Span] = field(default_factory=list)  # its execute_tool spans
 
     @property
     def start_ns(self) -> int:
@@ -225,13 +227,19 @@ class _Reader:
         for s in ordered:
             if s.op in CALL_OPERATIONS:
                 owner(s).calls.append(s)
+            elif s.op == TOOL_OPERATION and not _runs_an_agent(s):
+                # A tool that runs a subagent is not tool time: the replay waits
+                # for the subagent itself.
+                owner(s).tools.append(s)
         for a in (top, *agent_of.values()):
             a.calls.sort(key=lambda c: c.start_ns)
             a.agents.sort(key=lambda c: c.start_ns)
         # An agent that makes no call itself passes its subagents up.
         return _flatten(top)
 
-    def request(self, c: _Span, start_ns: int, gap_ns: int) -> Request | None:
+    def request(
+        self, c: _Span, start_ns: int, gap_ns: int, tool_ns: int | None
+    ) -> Request | None:
         counts = {}
         for key in ("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"):
             v = c.attrs.get(key)
@@ -261,6 +269,7 @@ class _Reader:
             output_tokens=counts["gen_ai.usage.output_tokens"],
             t_s=(c.start_ns - start_ns) / 1e9,
             think_time_s=max(gap_ns, 0) / 1e9,
+            tool_wait_s=None if tool_ns is None else min(tool_ns, max(gap_ns, 0)) / 1e9,
             api_time_s=(c.end_ns - c.start_ns) / 1e9,
             model=model if isinstance(model, str) else None,
             extra=extra,
@@ -286,8 +295,19 @@ def _flatten(a: _Agent) -> _Agent:
             kids.append(k)
         else:
             kids.extend(k.agents)
+            a.tools.extend(k.tools)
     a.agents = sorted(kids, key=lambda k: k.start_ns)
     return a
+
+
+def _runs_an_agent(s: _Span) -> bool:
+    todo = list(s.children)
+    while todo:
+        c = todo.pop()
+        if c.op in AGENT_OPERATIONS:
+            return True
+        todo.extend(c.children)
+    return False
 
 
 def _conversation(spans: dict[str, _Span]) -> str | None:
@@ -302,15 +322,25 @@ class _Builder:
     """Sessions from agent trees, hash ids by context growth (each call's prompt
     extends its agent's previous one), as the log importers number them."""
 
-    def __init__(self, reader: _Reader) -> None:
+    def __init__(self, reader: _Reader, tools_known: bool) -> None:
         from traces.importers.prefix import GrowthIds
 
         self.reader = reader
         self.ids = GrowthIds(OTLP_BLOCK_SIZE)
+        self.tools_known = tools_known  # the export has tool spans
 
     def session(
-        self, sid: str, calls: list[_Span], agents: list[_Agent], after_ns: int | None
+        self,
+        sid: str,
+        calls: list[_Span],
+        agents: list[_Agent],
+        tools: list[_Span],
+        after_ns: int | None,
     ) -> Session | None:
+        """The session of an agent's ``calls``; the gap before a call has the union of
+        the agent's ``tools`` within it as its tool part, where the export has tool
+        spans at all."""
+        from traces.importers.assemble import SpanUnion
         from traces.importers.threads import Call
 
         if not calls:
@@ -318,9 +348,17 @@ class _Builder:
         start = calls[0].start_ns
         requests: list[Request] = []
         prev_end = after_ns
+        union = SpanUnion([(t.start_ns, t.end_ns) for t in tools])
         for c in calls:
             gap = 0 if prev_end is None else c.start_ns - prev_end
-            r = self.reader.request(c, start, gap)
+            tool = None
+            if self.tools_known:
+                tool = (
+                    0
+                    if prev_end is None
+                    else round(union.covered(prev_end, c.start_ns))
+                )
+            r = self.reader.request(c, start, gap, tool)
             if r is None:
                 return None
             requests.append(r)
@@ -358,7 +396,11 @@ class _Builder:
             agent_id = name if isinstance(name, str) and name else f"agent{k}"
             spawn_end = calls[anchor].end_ns if anchor >= 0 else start
             child = self.session(
-                f"{sid}/{span.span_id if span else k}", a.calls, a.agents, spawn_end
+                f"{sid}/{span.span_id if span else k}",
+                a.calls,
+                a.agents,
+                a.tools,
+                spawn_end,
             )
             if child is None:
                 continue
@@ -400,7 +442,9 @@ def read_otlp(
     that ended before it started and joined by the parent's first call that starts
     after it ends. Traces sharing a ``gen_ai.conversation.id`` are one session, in
     time order; the rest are a session each, named by trace id. Think gaps are the
-    time between a call's end and the next call's start (tool spans included).
+    time between a call's end and the next call's start; where the export has
+    ``execute_tool`` spans, a gap's tool part is the union of its agent's tool spans
+    within it (a tool that runs a subagent left out: the replay waits for it).
     """
     reader = _Reader(path)
     for line, doc in docs:
@@ -416,22 +460,28 @@ def read_otlp(
             top = top.agents[0]
         if top.calls or top.agents:  # traces of other work hold no GenAI call
             groups.setdefault(_conversation(spans) or tid, []).append(top)
-    builder = _Builder(reader)
-    roots: list[tuple[str, list[_Span], list[_Agent]]] = []
+    tools_known = any(
+        sp.op == TOOL_OPERATION
+        for spans in reader.traces.values()
+        for sp in spans.values()
+    )
+    builder = _Builder(reader, tools_known)
+    roots: list[tuple[str, list[_Span], list[_Agent], list[_Span]]] = []
     for sid, tops in groups.items():
         tops.sort(key=lambda a: a.start_ns)
         calls = [c for a in tops for c in a.calls]
         agents = [k for a in tops for k in a.agents]
+        tools = [t for a in tops for t in a.tools]
         if calls:
-            roots.append((sid, calls, agents))
+            roots.append((sid, calls, agents, tools))
         else:  # agents side by side with no caller: each a session of its own
             for a in agents:
                 name = a.span.span_id if a.span is not None else str(len(roots))
-                roots.append((f"{sid}/{name}", a.calls, a.agents))
+                roots.append((f"{sid}/{name}", a.calls, a.agents, a.tools))
     sessions: list[Session] = []
-    origin = min((calls[0].start_ns for _, calls, _ in roots), default=0)
-    for sid, calls, agents in roots:
-        s = builder.session(sid, calls, agents, None)
+    origin = min((calls[0].start_ns for _, calls, _, _ in roots), default=0)
+    for sid, calls, agents, tools in roots:
+        s = builder.session(sid, calls, agents, tools, None)
         if s is not None:
             sessions.append(_with_start(s, (calls[0].start_ns - origin) / 1e9))
     if not reader.problems and not sessions:

@@ -128,3 +128,34 @@ def test_agents_side_by_side_are_sessions_and_other_traces_are_left_out(
         "no LLM call spans (gen_ai.operation.name chat, text_completion or "
         "generate_content)"
     ]
+
+
+def test_a_gaps_tool_part_is_the_union_of_its_agents_tool_spans(
+    tmp_path: Path,
+) -> None:
+    # Two overlapping tools in the root's gap before s6 (2,950-4,000 ms): 3,100-3,500
+    # and 3,300-3,700 cover 600 ms; a child's tool counts in the child's gap only;
+    # the Task tool runs the child agent, so it is not tool time.
+    extra = [
+        span("x2", "a0", "execute_tool", 3100, 3500, tool__name="Bash"),
+        span("x3", "a0", "execute_tool", 3300, 3700, tool__name="Read"),
+        span("x4", "a1", "execute_tool", 1920, 1980, tool__name="Grep"),
+    ]
+    (root,) = read_trace(
+        _write(tmp_path / "spans.json", otlp([*OTLP_SPANS, *extra]))
+    ).sessions
+    assert [r.tool_wait_s for r in root.requests] == [
+        0.0, 0.0, pytest.approx(0.6),
+    ]  # fmt: skip
+    assert root.requests[2].think_time_s == pytest.approx(1.05)  # 600 ms of it tools
+    child = root.subagents[0].session
+    assert [r.tool_wait_s for r in child.requests] == [0.0, pytest.approx(0.06)]
+    # An export without tool spans does not know the parts.
+    (bare,) = read_trace(_write(tmp_path / "bare.json", otlp(OTLP_SPANS))).sessions
+    assert bare.requests[2].tool_wait_s == 0.0  # the Task span: tools are known
+    no_tools = [
+        span("x1", "a0", "step", 1300, 2200) if s["spanId"] == "x1" else s
+        for s in OTLP_SPANS
+    ]
+    (none,) = read_trace(_write(tmp_path / "none.json", otlp(no_tools))).sessions
+    assert [r.tool_wait_s for r in none.requests] == [None, None, None]

@@ -43,7 +43,7 @@ def _times(calls: Sequence[Call]) -> list[tuple[float | None, float | None]]:
     return out
 
 
-class _Union:
+class SpanUnion:
     """The union of a thread's tool spans, and how much of an interval it covers."""
 
     def __init__(self, spans: Sequence[tuple[float, float]]) -> None:
@@ -71,7 +71,11 @@ class _Union:
 
 
 def _gap_parts(
-    union: _Union, prev_end: float, start: float, human_at: float | None, think: float
+    union: SpanUnion,
+    prev_end: float,
+    start: float,
+    human_at: float | None,
+    think: float,
 ) -> tuple[float, float]:
     """(tool, human) seconds of the gap [prev_end, start] (``think`` long, rounded):
     tool time is the union of the tool spans within it; human time runs from the
@@ -206,7 +210,7 @@ class _Builder:
         ids = self._ids(t, growth)
         requests: list[Request] = []
         prev_end: float | None = None
-        union = _Union(t.tool_spans)
+        union = SpanUnion(t.tool_spans)
         for k, (call, (start, end)) in enumerate(zip(t.calls, times, strict=True)):
             think = tool = human = 0.0
             if k and start is not None and prev_end is not None:
