@@ -14,10 +14,11 @@ import numpy as np
 import pandas as pd
 
 from analysis import metrics as m
+from analysis import steady
 from analysis.cache import lru_cached_tokens, miss_impact, request_cache
 from analysis.depth import by_turn_and_depth
 from analysis.errors import AnalysisError
-from analysis.load import Run, block_tokens_of
+from analysis.load import Run, block_tokens_of, part_batches
 from analysis.results import (
     CacheMisses,
     CacheRates,
@@ -41,6 +42,28 @@ from analysis.steady import steady_state
 from analysis.validity import block_ideal_hit_rate, verdict
 from replayer.records import RunMeta
 from traces.model import Trace
+
+# The request columns :func:`summarize` reads from the frame (``analyze`` loads
+# only these). ``chunk_times_ns`` may be left out: the ITL figures then read it
+# from the run's part files a batch at a time (:data:`ITL_COLUMNS`).
+COLUMNS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        (
+            *m.NUMERIC_COLUMNS,
+            *steady.COLUMNS,
+            "session_id",  # session trees, LRU estimate
+            "root_session_id",
+            "parent_session_id",
+            "http_status",  # context overflows (validity)
+            "error_message",
+            "pool_wait_ns",  # client check
+            "slot_wait_ns",
+            "connect_ns",
+            "live_drift_tokens",
+        )
+    )
+)
+ITL_COLUMNS = ("chunk_times_ns", "status", "warmup")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -201,12 +224,34 @@ def _threads() -> int:
     return max(1, min(3, (os.cpu_count() or 1) - 1))
 
 
-def _itl(df: pd.DataFrame) -> tuple[Latency, Latency, float]:
-    """ITL figures, spread ITL figures and the share of 0 ns gaps."""
-    itl, spread = m.itl_and_spread_ms(df)
-    figures = m.describe(itl)
-    spread_figures = figures if spread is itl else m.describe(spread)
-    return figures, spread_figures, m.itl_coalesced_share(df, itl)
+def _joined(pieces: list[m.FloatArray]) -> m.FloatArray:
+    """``pieces`` end to end (emptied as it goes: each freed once copied)."""
+    out: m.FloatArray = np.concatenate(pieces) if pieces else np.zeros(0)
+    pieces.clear()
+    return out
+
+
+def _itl(run: Run, df: pd.DataFrame) -> tuple[Latency, Latency, float]:
+    """ITL figures, spread ITL figures and the share of 0 ns gaps: from the frame's
+    chunk column, or without one from the run's part files a batch at a time (the
+    gaps are a row's own: the batches' gaps, one after the other, are the run's)."""
+    if "chunk_times_ns" in df.columns or not run.parts:
+        itl, spread = m.itl_and_spread_ms(df)
+    else:
+        pieces = [m.itl_and_spread_ms(b) for b in part_batches(run, ITL_COLUMNS)]
+        itls = [one for one, _ in pieces]
+        spreads = [two for _, two in pieces]
+        pieces.clear()
+        same = all(two is one for one, two in zip(itls, spreads, strict=True))
+        joined = None if same else _joined(spreads)
+        spreads.clear()
+        itl = _joined(itls)
+        spread = itl if joined is None else joined
+    coalesced = m.itl_coalesced_share(df, itl)
+    if spread is itl:
+        figures = m.describe(itl, scratch=True)
+        return figures, figures, coalesced
+    return m.describe(itl, scratch=True), m.describe(spread, scratch=True), coalesced
 
 
 def _trees(df: pd.DataFrame) -> SessionTrees:
@@ -296,25 +341,25 @@ def summarize(
     # pandas release the GIL in their loops): on 10M rows the ITL gaps alone are
     # ~28M values. This thread takes the by-turn/by-depth tables and the rest.
     with ThreadPoolExecutor(max_workers=_threads()) as pool:
-        itl_job = pool.submit(_itl, df)
+        itl_job = pool.submit(_itl, run, df)
         steady_job = pool.submit(steady_state, df, seed=run.meta.seed)
         trees_job = pool.submit(_trees, df)
         turn, depth = by_turn_and_depth(df, lru)
         lag = m.dispatch_lag_ms(df)
-        tpot = m.describe(m.tpot_ms(df))
+        tpot = m.describe(m.tpot_ms(df), scratch=True)
         itl_figures, spread_figures, coalesced = itl_job.result()
         lag_p50, lag_p99 = m.percentiles(lag, [50, 99])
         return Summary(
             run=_run_info(run),
             counts=m.counts(df),
-            ttft_ms=m.describe(m.ttft_ms(df)),
+            ttft_ms=m.describe(m.ttft_ms(df), scratch=True),
             tpot_ms=tpot,
             itl_ms=itl_figures,
             itl_spread_ms=spread_figures,
             itl_coalesced_share=coalesced,
-            e2e_ms=m.describe(m.e2e_ms(df)),
-            queued_ttft_ms=m.describe(m.queued_ttft_ms(df)),
-            queued_e2e_ms=m.describe(m.queued_e2e_ms(df)),
+            e2e_ms=m.describe(m.e2e_ms(df), scratch=True),
+            queued_ttft_ms=m.describe(m.queued_ttft_ms(df), scratch=True),
+            queued_e2e_ms=m.describe(m.queued_e2e_ms(df), scratch=True),
             steady_state=steady_job.result(),
             # = m.interactivity_tok_s(df), from the TPOT percentiles already computed.
             interactivity_tok_s=Interactivity(

@@ -188,13 +188,16 @@ def ideal_hit_totals(
 PERCENTILE_METHOD: Final = "linear"
 
 
-def percentiles(values: npt.ArrayLike, qs: Sequence[float]) -> list[float]:
+def percentiles(
+    values: npt.ArrayLike, qs: Sequence[float], *, scratch: bool = False
+) -> list[float]:
     """Percentiles ``qs`` (each in [0, 100]) of ``values``: numpy's linear
     interpolation, NaNs dropped, NaN for no data. The project's one percentile
-    definition (analysis and the engine's summary line use it too)."""
+    definition (analysis and the engine's summary line use it too). ``scratch``:
+    ``values`` is the caller's to spend (reordered in place, no copy taken)."""
     arr = np.asarray(values, dtype=np.float64)
     nan = np.isnan(arr)
-    own = bool(nan.any())
+    own = scratch or bool(nan.any())
     if own:  # a copy of our own, which numpy may reorder in place
         arr = arr[~nan]
     if arr.size == 0:
