@@ -197,9 +197,10 @@ def percentiles(
     ``values`` is the caller's to spend (reordered in place, no copy taken)."""
     arr = np.asarray(values, dtype=np.float64)
     nan = np.isnan(arr)
-    own = scratch or bool(nan.any())
-    if own:  # a copy of our own, which numpy may reorder in place
+    own = scratch
+    if nan.any():  # a copy of our own, which numpy may reorder in place
         arr = arr[~nan]
+        own = True
     if arr.size == 0:
         return [float("nan")] * len(qs)
     found = np.percentile(arr, list(qs), method=PERCENTILE_METHOD, overwrite_input=own)

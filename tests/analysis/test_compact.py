@@ -88,8 +88,8 @@ def _records(rng: random.Random, n: int, first_session: int) -> list[RequestReco
 @pytest.fixture(scope="module")
 def messy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three part files of different sessions (own dictionaries), one written by
-    an older writer without two columns, one part without any 0 ns gap, and an
-    unreadable part."""
+    an older writer without two columns, the first without any 0 ns gap (the
+    spread ITL's buffer starts at the second), and an unreadable part."""
     rng = random.Random(7)
     path = tmp_path_factory.mktemp("messy")
     (path / "requests").mkdir()
@@ -97,10 +97,10 @@ def messy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tables = [records_to_table(_records(rng, 400, k * 1000)) for k in range(3)]
     tables[1] = tables[1].drop_columns(["live_drift_tokens", "connect_ns"])
     no_zero = [
-        sorted(set(c)) if c else c for c in tables[2]["chunk_times_ns"].to_pylist()
+        sorted(set(c)) if c else c for c in tables[0]["chunk_times_ns"].to_pylist()
     ]
-    tables[2] = tables[2].set_column(
-        tables[2].schema.get_field_index("chunk_times_ns"),
+    tables[0] = tables[0].set_column(
+        tables[0].schema.get_field_index("chunk_times_ns"),
         "chunk_times_ns",
         pa.array(no_zero, pa.list_(pa.int64())),
     )
