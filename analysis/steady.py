@@ -19,6 +19,7 @@ from analysis.compare import bootstrap
 from analysis.results import Interval, SteadyFigure, SteadyState, SteadyThroughput
 from replayer.records import SteadyRecord, SteadyWindow, steady_window
 from replayer.records.capacity import SloCheck
+from traces.quantile import order_statistics
 from traces.stats import PERCENTILE_METHOD
 
 FloatArray = npt.NDArray[np.float64]
@@ -133,7 +134,9 @@ def percentile_ci(
     virtual = [(n - 1) * q / 100.0 for q in qs]
     kth = {r for pair in ranks for r in pair}
     kth |= {math.floor(v) for v in virtual} | {math.ceil(v) for v in virtual}
-    part = np.partition(x, sorted(kth))
+    part: Any = order_statistics(x, sorted(kth))  # the same values, faster
+    if part is None:
+        part = np.partition(x, sorted(kth))
     for v, (r_lo, r_hi) in zip(virtual, ranks, strict=True):
         below, above = part[math.floor(v)], part[math.ceil(v)]
         point = float(below + (above - below) * (v - math.floor(v)))
