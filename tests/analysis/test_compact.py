@@ -161,3 +161,84 @@ def test_compact_frame_is_smaller_with_the_same_columns(messy_run: Path) -> None
             assert np.array_equal(
                 m.column(compact, name), m.column(full, name), equal_nan=True
             )
+
+
+@pytest.fixture(scope="module")
+def large_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """80K rows built as Arrow columns (past traces.quantile.MIN_SIZE, so the fast
+    percentiles run), two parts, 4 chunks a row, some coalesced, 3% timeouts."""
+    rng = np.random.default_rng(11)
+    n, ms = 80_000, 1_000_000
+    sess = np.arange(n) // 40
+    start = sess * 1000 * ms + (np.arange(n) % 40) * 5000 * ms + rng.integers(0, ms, n)
+    ttft = rng.integers(20, 3000, n) * ms + rng.integers(0, 999, n)
+    out = rng.integers(1, 900, n)
+    e2e = ttft + (out - 1) * rng.integers(5, 60, n) * ms
+    ok = rng.random(n) >= 0.03
+    chunks = ttft[:, None] + np.arange(4) * (e2e - ttft)[:, None] // 3
+    chunks[:, 2] = np.where(rng.random(n) < 0.2, chunks[:, 1], chunks[:, 2])
+    names = np.array([f"s{i}" for i in range(sess.max() + 1)])
+    cols = {
+        "session_id": pa.array(names[sess]),
+        "root_session_id": pa.array(names[sess - sess % 2]),
+        "parent_session_id": pa.array(
+            np.where(sess % 2 == 1, names[sess - 1], None), pa.string()
+        ),
+        "agent_depth": pa.array((sess % 2).astype(np.int32)),
+        "request_index": pa.array((np.arange(n) % 40).astype(np.int32)),
+        **{
+            name: pa.array(values)
+            for name, values in (
+                ("scheduled_ns", start - rng.integers(0, 5 * ms, n)),
+                ("start_ns", start),
+                ("first_token_ns", start + ttft),
+                ("end_ns", start + e2e),
+                ("ttft_ns", ttft),
+                ("e2e_ns", e2e),
+            )
+        },
+        "tpot_ns": pa.array(
+            (e2e - ttft) // np.maximum(out - 1, 1), mask=~ok | (out < 2)
+        ),
+        "chunk_times_ns": pa.array(list(start[:, None] + chunks), pa.list_(pa.int64())),
+        "prompt_tokens": pa.array(rng.integers(1000, 200_000, n)),
+        "output_tokens": pa.array(out),
+        "cached_tokens": pa.array(rng.integers(0, 1000, n)),
+        "ideal_cached_tokens": pa.array(rng.integers(0, 1000, n)),
+        "status": pa.array(np.where(ok, "ok", "timeout")),
+        "warmup": pa.array(np.arange(n) < n // 20),
+    }
+    table = pa.table(
+        [cols.get(f.name, pa.nulls(n, f.type)) for f in RECORD_SCHEMA],
+        schema=RECORD_SCHEMA,
+    )
+    path = tmp_path_factory.mktemp("large")
+    (path / "requests").mkdir()
+    for k in range(2):
+        part = table.slice(k * n // 2, n // 2)
+        pq.write_table(part, path / "requests" / f"part-000-{k:05d}.parquet")
+    (path / "run.json").write_text(json.dumps(run_meta()))
+    return path
+
+
+def test_a_large_run_gives_the_naive_figures(large_run: Path) -> None:
+    """Past the size where the fast percentiles take over: both loads agree on every
+    figure, and the headline latencies are what pandas and np.percentile give."""
+    summary, _ = _figures(large_run)
+    s = json.loads(summary)
+    df = pq.read_table(large_run / "requests").to_pandas()
+    ok = df[(df["status"] == "ok") & ~df["warmup"]]
+    gaps = ok["chunk_times_ns"].explode().astype("float64").groupby(level=0).diff()
+    naive = {
+        "ttft_ms": ok["ttft_ns"] / 1e6,
+        "e2e_ms": ok["e2e_ns"] / 1e6,
+        "tpot_ms": ok["tpot_ns"].dropna() / 1e6,
+        "itl_ms": gaps.dropna() / 1e6,
+    }
+    for name, values in naive.items():
+        x = values.to_numpy(dtype=np.float64)
+        assert x.size >= 65_536, name
+        p50, p90, p99 = np.percentile(x, [50, 90, 99], method="linear")
+        want = {"p50": p50, "p90": p90, "p99": p99, "count": x.size}
+        assert {k: s[name][k] for k in want} == want, name
+        assert s[name]["mean"] == pytest.approx(x.mean(), rel=1e-12)
