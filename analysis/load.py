@@ -382,10 +382,11 @@ def stored_values(run: Run, column: str) -> int:
 
 def part_batches(
     run: Run, columns: Sequence[str], *, rows: int = 1 << 18
-) -> Iterator[pd.DataFrame]:
+) -> Iterator[pa.Table]:
     """``columns`` of ``run``'s rows, read again from its part files a batch of at
     most ``rows`` rows at a time (row groups in order: the batches, one after the
-    other, are ``run.requests``' rows), each batch a :func:`records_frame`.
+    other, are ``run.requests``' rows), each an Arrow table of RECORD_SCHEMA's
+    types (ids dictionary-encoded; :func:`records_frame` makes a frame of one).
 
     Raises:
         AnalysisError: a part file that loaded before cannot be read now.
@@ -398,7 +399,7 @@ def part_batches(
             pf = pq.ParquetFile(part, read_dictionary=read_dict)
             for batch in pf.iter_batches(batch_size=rows, columns=present):
                 table = pa.Table.from_batches([batch])
-                yield records_frame(_conform(table, columns))
+                yield _conform(table, columns)
         except (OSError, pa.ArrowException) as exc:
             raise AnalysisError(f"{part}: cannot read it again ({exc})") from None
     _release_arrow_memory()

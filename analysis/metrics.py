@@ -231,14 +231,18 @@ def _kept_gaps(
     df: pd.DataFrame,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Chunk gaps of ok, measured rows, ns, row after row (a row with fewer than two
-    chunks gives none), and where each row's gaps begin in that array.
+    chunks gives none), and where each row's gaps begin in that array."""
+    return kept_gaps(pa.array(df["chunk_times_ns"]), measured_ok(df))
 
-    Works on the flat Arrow chunk values with one per-chunk mask: no per-chunk row
-    ids and no copy of the list column (memory-bound on 10M rows)."""
-    keep = measured_ok(df)
-    arr = pa.array(df["chunk_times_ns"])  # Arrow-backed column: no Python objects
-    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy()
-    values = pc.list_flatten(arr).to_numpy()  # null lists contribute nothing
+
+def kept_gaps(
+    chunks: pa.Array | pa.ChunkedArray, keep: npt.NDArray[np.bool_]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """:func:`_kept_gaps` of the rows of an Arrow list column ``chunks`` where
+    ``keep``. Works on the flat Arrow chunk values with one per-chunk mask: no
+    per-chunk row ids and no copy of the list column (memory-bound on 10M rows)."""
+    lengths = pc.fill_null(pc.list_value_length(chunks), 0).to_numpy()
+    values = pc.list_flatten(chunks).to_numpy()  # null lists contribute nothing
     n_gaps = np.maximum(lengths[keep].astype(np.int64) - 1, 0)
     gap_start = np.cumsum(n_gaps) - n_gaps
     if values.size < 2:
@@ -294,7 +298,13 @@ def itl_and_spread_ms(df: pd.DataFrame) -> tuple[FloatArray, FloatArray]:
     """(:func:`itl_ms`, :func:`itl_spread_ms`) from one pass over the chunks. With
     no 0 ns gap every read is one chunk and both are the same array (the same
     object: callers may describe it once)."""
-    gaps, gap_start = _kept_gaps(df)
+    return itl_and_spread(*_kept_gaps(df))
+
+
+def itl_and_spread(
+    gaps: npt.NDArray[np.int64], gap_start: npt.NDArray[np.int64]
+) -> tuple[FloatArray, FloatArray]:
+    """:func:`itl_and_spread_ms` from :func:`kept_gaps`' gaps and row starts."""
     itl: FloatArray = gaps / _NS_PER_MS
     zero = np.flatnonzero(gaps == 0)
     if zero.size == 0:

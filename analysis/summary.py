@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from analysis import metrics as m
 from analysis import steady
@@ -225,7 +227,17 @@ def _streamed_itl(run: Run) -> tuple[m.FloatArray, m.FloatArray]:
     spread: m.FloatArray | None = None  # until a batch has a 0 ns gap
     n_itl = n_spread = 0
     for batch in part_batches(run, ITL_COLUMNS):
-        one, two = m.itl_and_spread_ms(batch)
+        status = batch.column("status")
+        if not pa.types.is_dictionary(status.type):
+            status = status.dictionary_encode()
+        status = status.combine_chunks()
+        ok = np.append(
+            np.asarray(status.dictionary.to_pylist(), dtype=object) == "ok", False
+        )[pc.fill_null(status.indices, -1).to_numpy()]  # null (-1): not ok
+        warm = pc.fill_null(batch.column("warmup"), False).to_numpy()
+        # The latency population, as metrics.measured_ok has it.
+        keep = ok & ~warm.astype(bool)
+        one, two = m.itl_and_spread(*m.kept_gaps(batch.column("chunk_times_ns"), keep))
         itl[n_itl : n_itl + one.size] = one
         if two is not one and spread is None:
             spread = np.empty(cap)

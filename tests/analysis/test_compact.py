@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis import metrics as m
-from analysis.load import compact_column, load_run, part_batches
+from analysis.load import compact_column, load_run, part_batches, records_frame
 from analysis.summary import COLUMNS, ITL_COLUMNS, summarize
 from analysis.text import format_summaries
 from replayer.records import RECORD_SCHEMA, RequestRecord, records_to_table
@@ -127,7 +127,8 @@ def test_itl_read_in_small_batches_is_the_same(messy_run: Path) -> None:
     full = m.numeric_view(load_run(messy_run).requests)
     itl, spread = m.itl_and_spread_ms(full)
     run = load_run(messy_run, columns=COLUMNS, compact=True)
-    pieces = [m.itl_and_spread_ms(b) for b in part_batches(run, ITL_COLUMNS, rows=37)]
+    batches = part_batches(run, ITL_COLUMNS, rows=37)
+    pieces = [m.itl_and_spread_ms(records_frame(b)) for b in batches]
     assert np.array_equal(np.concatenate([a for a, _ in pieces]), itl)
     assert np.array_equal(np.concatenate([b for _, b in pieces]), spread)
 
