@@ -215,7 +215,7 @@ def _measure(code: str, path: Path) -> dict[str, float]:
 LABELS = {
     "ours": "ours (compact load + summarize)",
     "naive": "naive pandas baseline (read_parquet + fewer figures)",
-    "full": "full load + summarize (before)",
+    "full": "full load (every column, records_frame) + summarize",
 }
 
 
