@@ -5,19 +5,25 @@ figure the full load gives, to the last digit."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import random
+import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 
+import analysis.load
 from analysis import metrics as m
 from analysis.load import compact_column, load_run, part_batches, records_frame
 from analysis.summary import COLUMNS, ITL_COLUMNS, summarize
 from analysis.text import format_summaries
+from replayer.cli import main
 from replayer.records import RECORD_SCHEMA, RequestRecord, records_to_table
 from tests.analysis.conftest import run_meta
 from tests.builders import timed_record
@@ -243,3 +249,29 @@ def test_a_large_run_gives_the_naive_figures(large_run: Path) -> None:
         want = {"p50": p50, "p90": p90, "p99": p99, "count": x.size}
         assert {k: s[name][k] for k in want} == want, name
         assert s[name]["mean"] == pytest.approx(x.mean(), rel=1e-12)
+
+
+def test_a_sweep_is_summarized_one_run_at_a_time(
+    tmp_path: Path, make_sweep_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`analyze SWEEP` holds one run's rows at a time, however many levels: when a
+    level loads, the frames of the levels before it are gone."""
+    rng = random.Random(3)
+    levels = {f"c{c}": _records(rng, 60, 0) for c in (1, 2, 4, 8)}
+    sweep = make_sweep_dir(tmp_path / "sweep", levels)
+    alive: list[weakref.ref[Any]] = []
+    held_at_load: list[int] = []
+    real = analysis.load.load_run
+
+    def load_and_count(path: Any, **kwargs: Any) -> Any:
+        gc.collect()
+        held_at_load.append(sum(r() is not None for r in alive))
+        run = real(path, **kwargs)
+        alive.append(weakref.ref(run.requests))
+        return run
+
+    monkeypatch.setattr(analysis.load, "load_run", load_and_count)
+    result = CliRunner().invoke(main, ["analyze", str(sweep), "--json"])
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.output)["runs"]) == 4
+    assert held_at_load == [0, 0, 0, 0]
