@@ -5,7 +5,7 @@ rows out. See docs/metrics.md#kv-cache."""
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -35,46 +35,29 @@ def _bucket_label(k: int) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
-class _Kept(NamedTuple):
-    """The columns the tables read, over the ok, measured rows (taken once for
-    both tables)."""
+class _Table:
+    """One table being filled: the group of each kept row (ok, measured), and its
+    figures per group, a column at a time (so that only one or two kept columns
+    are held at once, not all seven)."""
 
-    prompt: FloatArray
-    cached: FloatArray
-    server_prompt: FloatArray
-    ideal: FloatArray
-    lru: FloatArray | None
-    ttft_ms: FloatArray
-    e2e_ms: FloatArray
-
-    @classmethod
-    def of(cls, df: pd.DataFrame, keep: npt.NDArray[np.bool_],
-           lru: FloatArray | None) -> _Kept:  # fmt: skip
-        return cls(
-            prompt=m.column(df, "prompt_tokens")[keep],
-            cached=m.column(df, "cached_tokens")[keep],
-            server_prompt=m.server_prompt(df)[keep],
-            ideal=m.column(df, "ideal_cached_tokens")[keep],
-            lru=lru[keep] if lru is not None else None,
-            ttft_ms=m.column(df, "ttft_ns")[keep] / _NS_PER_MS,
-            e2e_ms=m.column(df, "e2e_ns")[keep] / _NS_PER_MS,
+    def __init__(self, g: npt.NDArray[np.int64], labels: dict[int, str]) -> None:
+        self.labels = labels
+        self.n = int(g.max()) + 1 if g.size else 0
+        self.count = np.bincount(g, minlength=self.n)
+        # Small group numbers held in 2 bytes (a quarter of the memory at 10M rows;
+        # bincount widens them as it reads) and sorted by radix.
+        self.g: npt.NDArray[np.integer[Any]] = (
+            g.astype(np.int16) if self.n < 2**15 else g
         )
+        self.figures: dict[str, list[float]] = {}
+        self._order: npt.NDArray[np.intp] | None = None
 
-
-def _rows(
-    cols: _Kept, g: npt.NDArray[np.int64], labels: dict[int, str]
-) -> tuple[PositionRow, ...]:
-    """The table rows of groups ``g`` (one per kept row)."""
-    if g.size == 0:
-        return ()
-    n = int(g.max()) + 1
-    count = np.bincount(g, minlength=n)
-
-    def rates(values: FloatArray, prompt: FloatArray | None) -> list[float]:
+    def rates(self, name: str, values: FloatArray, prompt: FloatArray | None) -> None:
         """Per group, Σ values / Σ prompt (NaN prompts as 0) over the rows whose
         value is known (not NaN): :func:`metrics.hit_rate`; with no ``prompt``, the
         mean of the known values. NaN where nothing is known. Token counts are
         whole numbers, so these sums are exact in any order."""
+        g, n = self.g, self.n
         nan = np.isnan(values)
         known = ~nan if nan.any() else None
         gk, v = (g, values) if known is None else (g[known], values[known])
@@ -87,40 +70,44 @@ def _rows(
                 gk, weights=np.where(p_nan, 0.0, p) if p_nan.any() else p, minlength=n
             )
         num = np.bincount(gk, weights=v, minlength=n)
-        return [
+        self.figures[name] = [
             float(x / d) if d > 0 else math.nan for x, d in zip(num, den, strict=True)
         ]
 
-    prompt_mean = rates(cols.prompt, None)
-    server = rates(cols.cached, cols.server_prompt)
-    ideal = rates(cols.ideal, cols.prompt)
-    lru_rates = rates(cols.lru, cols.prompt) if cols.lru is not None else None
-    # The latencies grouped by one stable sort (small keys: a radix sort); each
-    # group's percentiles are then taken on a slice.
-    order = np.argsort(g.astype(np.int16) if n < 2**15 else g, kind="stable")
-    cuts = np.concatenate([[0], np.cumsum(count)]).tolist()
-    ttft = cols.ttft_ms[order]
-    e2e = cols.e2e_ms[order]
-    out = []
-    for k in np.flatnonzero(count).tolist():
-        sel = slice(cuts[k], cuts[k + 1])
-        p50, p90 = m.percentiles(ttft[sel], [50, 90])
-        e50, e90 = m.percentiles(e2e[sel], [50, 90])
-        out.append(
+    def latencies(self, name: str, values: FloatArray) -> None:
+        """Per group, the p50 and p90 of ``values``. The rows grouped by one stable
+        sort (small keys: a radix sort), kept for the next column; each group's
+        percentiles are then taken on a slice."""
+        if self._order is None:
+            self._order = np.argsort(self.g, kind="stable")
+        ordered = values[self._order]
+        cuts = np.concatenate([[0], np.cumsum(self.count)]).tolist()
+        p50s, p90s = [], []
+        for k in range(self.n):
+            p50, p90 = m.percentiles(ordered[cuts[k] : cuts[k + 1]], [50, 90])
+            p50s.append(p50)
+            p90s.append(p90)
+        self.figures[name + "_p50"], self.figures[name + "_p90"] = p50s, p90s
+
+    def rows(self) -> tuple[PositionRow, ...]:
+        """The table rows of the groups that have rows."""
+        f = self.figures
+        lru = f.get("lru")
+        return tuple(
             PositionRow(
-                group=labels[k],
-                requests=int(count[k]),
-                ttft_ms_p50=p50,
-                ttft_ms_p90=p90,
-                e2e_ms_p50=e50,
-                e2e_ms_p90=e90,
-                prompt_tokens_mean=prompt_mean[k],
-                hit_rate_server=server[k],
-                hit_rate_ideal=ideal[k],
-                hit_rate_lru=None if lru_rates is None else lru_rates[k],
+                group=self.labels[k],
+                requests=int(self.count[k]),
+                ttft_ms_p50=f["ttft_p50"][k],
+                ttft_ms_p90=f["ttft_p90"][k],
+                e2e_ms_p50=f["e2e_p50"][k],
+                e2e_ms_p90=f["e2e_p90"][k],
+                prompt_tokens_mean=f["prompt"][k],
+                hit_rate_server=f["server"][k],
+                hit_rate_ideal=f["ideal"][k],
+                hit_rate_lru=None if lru is None else lru[k],
             )
+            for k in np.flatnonzero(self.count).tolist()
         )
-    return tuple(out)
 
 
 def _turn_groups(df: pd.DataFrame) -> tuple[npt.NDArray[np.int64], dict[int, str]]:
@@ -169,10 +156,32 @@ def by_depth(
 def by_turn_and_depth(
     df: pd.DataFrame, lru: npt.NDArray[np.float64] | None = None
 ) -> tuple[tuple[PositionRow, ...], tuple[PositionRow, ...]]:
-    """(:func:`by_turn`, :func:`by_depth`), the kept columns taken once."""
+    """(:func:`by_turn`, :func:`by_depth`): each kept column taken once, for both
+    tables, and let go before the next."""
     keep = m.measured_ok(df)
-    cols = _Kept.of(df, keep, lru)
-    tables = []
-    for groups, labels in (_turn_groups(df), _depth_groups(df)):
-        tables.append(_rows(cols, groups[keep], labels))
-    return tables[0], tables[1]
+    tables = [_Table(g[keep], lab) for g, lab in (_turn_groups(df), _depth_groups(df))]
+    if not keep.any():
+        return (), ()
+    prompt = m.column(df, "prompt_tokens")[keep]
+    kept: list[tuple[str, FloatArray, FloatArray | None]] = [("prompt", prompt, None)]
+    for name, values in (("ideal", m.column(df, "ideal_cached_tokens")[keep]),
+                         ("lru", None if lru is None else lru[keep])):  # fmt: skip
+        if values is not None:
+            kept.append((name, values, prompt))
+    for name, values, den in kept:
+        for t in tables:
+            t.rates(name, values, den)
+    kept.clear()
+    # The server's prompt where it reported one, else ours (metrics.server_prompt).
+    server = m.column(df, "server_prompt_tokens")[keep]
+    server = np.where(np.isnan(server), prompt, server)
+    del prompt
+    cached = m.column(df, "cached_tokens")[keep]
+    for t in tables:
+        t.rates("server", cached, server)
+    del cached, server
+    for name in ("ttft", "e2e"):
+        values = m.column(df, f"{name}_ns")[keep] / _NS_PER_MS
+        for t in tables:
+            t.latencies(name, values)
+    return tables[0].rows(), tables[1].rows()

@@ -19,6 +19,7 @@ from analysis.compare import bootstrap
 from analysis.results import Interval, SteadyFigure, SteadyState, SteadyThroughput
 from replayer.records import SteadyRecord, SteadyWindow, steady_window
 from replayer.records.capacity import SloCheck
+from traces.quantile import order_statistics
 from traces.stats import PERCENTILE_METHOD
 
 FloatArray = npt.NDArray[np.float64]
@@ -65,26 +66,16 @@ def window_of(df: pd.DataFrame) -> SteadyWindow | None:
 
 
 def in_window(df: pd.DataFrame, window: SteadyWindow) -> pd.DataFrame:
-    """The rows sent inside ``window`` (only the columns the figures read)."""
+    """``df`` with its latency population (``measured_ok``) narrowed to the rows
+    sent inside ``window``. Every steady-state figure is taken over that population
+    (:data:`METRICS`, throughput, request count), so these are the figures of the
+    rows in the window, in row order, with no row copied (a copy of 10M rows' columns
+    was 0.75 GiB)."""
     start = m.column(df, "start_ns")
     keep = (start >= window.start_ns) & (start <= window.end_ns)
-    # Plain float64 columns (NaN for null): a boolean take of nullable pandas
-    # columns costs seconds at 10M rows, numpy's a fraction of that.
-    out: dict[str, Any] = {}
-    for c in COLUMNS:
-        if c not in df.columns:
-            continue
-        if c == "status":
-            status = df[c].astype("category")  # a no-op on loaded runs
-            out[c] = pd.Categorical.from_codes(
-                status.cat.codes.to_numpy()[keep], categories=status.cat.categories
-            )
-        elif c == "warmup":
-            out[c] = m.is_warmup(df)[keep]
-        else:
-            out[c] = m.column(df, c)[keep]
-    out[m.MEASURED_OK] = m.measured_ok(df)[keep]  # as numeric_view gives it
-    return pd.DataFrame(out, copy=False)  # no copy: no 2-D consolidation either
+    out: dict[str, Any] = {c: df[c] for c in df.columns if c != m.MEASURED_OK}
+    out[m.MEASURED_OK] = m.measured_ok(df) & keep
+    return pd.DataFrame(out, index=df.index, copy=False)
 
 
 def percentile_ci(
@@ -143,7 +134,9 @@ def percentile_ci(
     virtual = [(n - 1) * q / 100.0 for q in qs]
     kth = {r for pair in ranks for r in pair}
     kth |= {math.floor(v) for v in virtual} | {math.ceil(v) for v in virtual}
-    part = np.partition(x, sorted(kth))
+    part: Any = order_statistics(x, sorted(kth))  # the same values, faster
+    if part is None:
+        part = np.partition(x, sorted(kth))
     for v, (r_lo, r_hi) in zip(virtual, ranks, strict=True):
         below, above = part[math.floor(v)], part[math.ceil(v)]
         point = float(below + (above - below) * (v - math.floor(v)))

@@ -5,19 +5,20 @@ as arguments. See docs/metrics.md."""
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from analysis import metrics as m
+from analysis import steady
 from analysis.cache import lru_cached_tokens, miss_impact, request_cache
 from analysis.depth import by_turn_and_depth
 from analysis.errors import AnalysisError
-from analysis.load import Run, block_tokens_of
+from analysis.load import Run, block_tokens_of, part_batches, stored_values
 from analysis.results import (
     CacheMisses,
     CacheRates,
@@ -41,6 +42,28 @@ from analysis.steady import steady_state
 from analysis.validity import block_ideal_hit_rate, verdict
 from replayer.records import RunMeta
 from traces.model import Trace
+
+# The request columns :func:`summarize` reads from the frame (``analyze`` loads
+# only these). ``chunk_times_ns`` may be left out: the ITL figures then read it
+# from the run's part files a batch at a time (:data:`ITL_COLUMNS`).
+COLUMNS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        (
+            *m.NUMERIC_COLUMNS,
+            *steady.COLUMNS,
+            "session_id",  # session trees, LRU estimate
+            "root_session_id",
+            "parent_session_id",
+            "http_status",  # context overflows (validity)
+            "error_message",
+            "pool_wait_ns",  # client check
+            "slot_wait_ns",
+            "connect_ns",
+            "live_drift_tokens",
+        )
+    )
+)
+ITL_COLUMNS = ("chunk_times_ns", "status", "warmup")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,18 +218,52 @@ def _gpus(run: Run, gpus: int | None) -> int | None:
     return int(label) if isinstance(label, int | float) and label > 0 else None
 
 
-def _threads() -> int:
-    """Threads for :func:`summarize`'s parts beside the calling one: one per core
-    left (at least one, at most the three parts there are)."""
-    return max(1, min(3, (os.cpu_count() or 1) - 1))
+def _streamed_itl(run: Run) -> tuple[m.FloatArray, m.FloatArray]:
+    """(ITL, spread ITL) of ``run``'s rows, read from its part files a batch at a
+    time into buffers sized from the footers (untouched pages of the spare room
+    take no memory), so no batch is held twice."""
+    cap = stored_values(run, "chunk_times_ns")
+    itl: m.FloatArray = np.empty(cap)
+    spread: m.FloatArray | None = None  # until a batch has a 0 ns gap
+    n_itl = n_spread = 0
+    for batch in part_batches(run, ITL_COLUMNS):
+        status = batch.column("status")
+        if not pa.types.is_dictionary(status.type):
+            status = status.dictionary_encode()
+        status = status.combine_chunks()
+        ok = np.append(
+            np.asarray(status.dictionary.to_pylist(), dtype=object) == "ok", False
+        )[pc.fill_null(status.indices, -1).to_numpy()]  # null (-1): not ok
+        warm = pc.fill_null(batch.column("warmup"), False).to_numpy()
+        # The latency population, as metrics.measured_ok has it.
+        keep = ok & ~warm.astype(bool)
+        one, two = m.itl_and_spread(*m.kept_gaps(batch.column("chunk_times_ns"), keep))
+        itl[n_itl : n_itl + one.size] = one
+        if two is not one and spread is None:
+            spread = np.empty(cap)
+            spread[:n_itl] = itl[:n_itl]  # the batches before: the same
+            n_spread = n_itl
+        n_itl += one.size
+        if spread is not None:
+            spread[n_spread : n_spread + two.size] = two
+            n_spread += two.size
+    itl = itl[:n_itl]
+    return itl, itl if spread is None else spread[:n_spread]
 
 
-def _itl(df: pd.DataFrame) -> tuple[Latency, Latency, float]:
-    """ITL figures, spread ITL figures and the share of 0 ns gaps."""
-    itl, spread = m.itl_and_spread_ms(df)
-    figures = m.describe(itl)
-    spread_figures = figures if spread is itl else m.describe(spread)
-    return figures, spread_figures, m.itl_coalesced_share(df, itl)
+def _itl(run: Run, df: pd.DataFrame) -> tuple[Latency, Latency, float]:
+    """ITL figures, spread ITL figures and the share of 0 ns gaps: from the frame's
+    chunk column, or without one from the run's part files a batch at a time (the
+    gaps are a row's own: the batches' gaps, one after the other, are the run's)."""
+    if "chunk_times_ns" in df.columns or not run.parts:
+        itl, spread = m.itl_and_spread_ms(df)
+    else:
+        itl, spread = _streamed_itl(run)
+    coalesced = m.itl_coalesced_share(df, itl)
+    if spread is itl:
+        figures = m.describe(itl, scratch=True)
+        return figures, figures, coalesced
+    return m.describe(itl, scratch=True), m.describe(spread, scratch=True), coalesced
 
 
 def _trees(df: pd.DataFrame) -> SessionTrees:
@@ -286,56 +343,51 @@ def summarize(
         provider=run.meta.trace.provider_cache_hit_rate,
         lru=estimate,
     )
-    per_request = request_cache(
-        df,
-        lru,
-        reporting_only=True,
-        columns=("ttft_ms", "cached_tokens", "missed_tokens"),
+    # Each part in turn, its working arrays let go before the next: at 10M rows
+    # a part holds 0.3-0.7 GiB beside the frame, and two at once (in threads)
+    # went past 2 GiB while saving little on a 2-core box.
+    misses = miss_impact(
+        request_cache(
+            df,
+            lru,
+            reporting_only=True,
+            columns=("ttft_ms", "cached_tokens", "missed_tokens"),
+        ),
+        tolerance_tokens=tolerance,
     )
-    # Three of the larger independent parts in threads beside this one (numpy and
-    # pandas release the GIL in their loops): on 10M rows the ITL gaps alone are
-    # ~28M values. This thread takes the by-turn/by-depth tables and the rest.
-    with ThreadPoolExecutor(max_workers=_threads()) as pool:
-        itl_job = pool.submit(_itl, df)
-        steady_job = pool.submit(steady_state, df, seed=run.meta.seed)
-        trees_job = pool.submit(_trees, df)
-        turn, depth = by_turn_and_depth(df, lru)
-        lag = m.dispatch_lag_ms(df)
-        tpot = m.describe(m.tpot_ms(df))
-        itl_figures, spread_figures, coalesced = itl_job.result()
-        lag_p50, lag_p99 = m.percentiles(lag, [50, 99])
-        return Summary(
-            run=_run_info(run),
-            counts=m.counts(df),
-            ttft_ms=m.describe(m.ttft_ms(df)),
-            tpot_ms=tpot,
-            itl_ms=itl_figures,
-            itl_spread_ms=spread_figures,
-            itl_coalesced_share=coalesced,
-            e2e_ms=m.describe(m.e2e_ms(df)),
-            queued_ttft_ms=m.describe(m.queued_ttft_ms(df)),
-            queued_e2e_ms=m.describe(m.queued_e2e_ms(df)),
-            steady_state=steady_job.result(),
-            # = m.interactivity_tok_s(df), from the TPOT percentiles already computed.
-            interactivity_tok_s=Interactivity(
-                p50=_per_s(tpot.p50), p90=_per_s(tpot.p90)
-            ),
-            e2e_norm_interactivity_tok_s=m.e2e_norm_interactivity_tok_s(df),
-            throughput_tok_s=m.throughput_tok_s(df, gpus),
-            dispatch_lag_ms=DispatchLag(
-                mean=float(lag.mean()) if lag.size else math.nan,
-                p50=lag_p50,
-                p99=lag_p99,
-            ),
-            cache_hit_rate=rates,
-            cache_misses=miss_impact(per_request, tolerance_tokens=tolerance),
-            session_trees=trees_job.result(),
-            by_turn=turn,
-            by_depth=depth,
-            goodput=m.goodput(df, slo) if slo is not None else None,
-            gpus=gpus,
-            client_check=_client_check(run),
-            validity=verdict(
-                df, run.meta, block_ideal=block_ideal_hit_rate(df, tolerance)
-            ),
-        )
+    itl_figures, spread_figures, coalesced = _itl(run, df)
+    turn, depth = by_turn_and_depth(df, lru)
+    lag = m.dispatch_lag_ms(df)
+    tpot = m.describe(m.tpot_ms(df), scratch=True)
+    lag_p50, lag_p99 = m.percentiles(lag, [50, 99])
+    return Summary(
+        run=_run_info(run),
+        counts=m.counts(df),
+        ttft_ms=m.describe(m.ttft_ms(df), scratch=True),
+        tpot_ms=tpot,
+        itl_ms=itl_figures,
+        itl_spread_ms=spread_figures,
+        itl_coalesced_share=coalesced,
+        e2e_ms=m.describe(m.e2e_ms(df), scratch=True),
+        queued_ttft_ms=m.describe(m.queued_ttft_ms(df), scratch=True),
+        queued_e2e_ms=m.describe(m.queued_e2e_ms(df), scratch=True),
+        steady_state=steady_state(df, seed=run.meta.seed),
+        # = m.interactivity_tok_s(df), from the TPOT percentiles already computed.
+        interactivity_tok_s=Interactivity(p50=_per_s(tpot.p50), p90=_per_s(tpot.p90)),
+        e2e_norm_interactivity_tok_s=m.e2e_norm_interactivity_tok_s(df),
+        throughput_tok_s=m.throughput_tok_s(df, gpus),
+        dispatch_lag_ms=DispatchLag(
+            mean=float(lag.mean()) if lag.size else math.nan,
+            p50=lag_p50,
+            p99=lag_p99,
+        ),
+        cache_hit_rate=rates,
+        cache_misses=misses,
+        session_trees=_trees(df),
+        by_turn=turn,
+        by_depth=depth,
+        goodput=m.goodput(df, slo) if slo is not None else None,
+        gpus=gpus,
+        client_check=_client_check(run),
+        validity=verdict(df, run.meta, block_ideal=block_ideal_hit_rate(df, tolerance)),
+    )

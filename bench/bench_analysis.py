@@ -1,31 +1,42 @@
-"""Benchmark: summarize() on N synthetic request rows (default 10M), against a
-naive pandas implementation of the same headline figures.
+"""Benchmark: `analyze` of one N-row run (default 10M) from its Parquet part files,
+against a naive pandas implementation of the headline figures, both codes back to
+back in fresh processes (peak RSS of each its own).
 
-    python bench/bench_analysis.py [--rows 10000000] [--repeats 3] [--no-baseline]
+    python bench/bench_analysis.py [--rows 10000000] [--repeats 3] [--dir DIR]
+        [--no-baseline] [--full-load]
 
-Prints wall time and peak RSS of each run and the medians (summarize and the
-baseline alternate). Rows: 50 requests per session, every other session a
-subagent of the one before it, 4 content chunks per request (some arriving two in one
-network read: 0 ns gaps), 3% errors, 5% warm-up.
+Writes the rows once as 1M-row zstd part files (``--dir``, default a temp folder
+kept for the next run), then alternates, per repeat: ours = ``load_run(compact=True)``
+of ``summary.COLUMNS`` + ``summarize`` (what ``analyze`` does); the baseline =
+``pd.read_parquet`` + :func:`naive`; with ``--full-load`` also the path before the
+compact load (``load_run`` of every column + ``summarize``). Prints each run's wall
+time (load and summarize apart) and peak RSS, the medians and the ratio. Rows: 50
+requests per session, every other session a subagent of the one before it, 4 content
+chunks per request (some arriving two in one network read: 0 ns gaps), 3% errors, 5%
+warm-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from analysis.load import Run, records_frame
-from analysis.summary import summarize
+from analysis.load import load_run
+from analysis.summary import COLUMNS, summarize
 from replayer.records import RECORD_SCHEMA, RunMeta
 
 MS = 1_000_000
@@ -147,53 +158,114 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
+def write_run(path: Path, rows: int) -> None:
+    """The synthetic rows as a run directory: 1M-row zstd part files + run.json."""
+    table = synthetic_table(rows)
+    (path / "requests").mkdir(parents=True, exist_ok=True)
+    per = 1_000_000
+    for k, at in enumerate(range(0, rows, per)):
+        pq.write_table(
+            table.slice(at, per),
+            path / "requests" / f"part-000-{k:05d}.parquet",
+            compression="zstd",
+        )
+    (path / "run.json").write_text(json.dumps(RunMeta(run_id="bench").as_dict()))
+
+
+def child(code: str, path: Path) -> dict[str, float]:
+    """One timed code in this (fresh) process: seconds, peak RSS, a few figures."""
+    t = time.perf_counter()
+    if code == "naive":
+        df = pd.read_parquet(path / "requests")
+        loaded = time.perf_counter()
+        b = naive(df)
+        done = time.perf_counter()
+        figures = {"ttft_p90_ms": b["ttft_ns"] / 1e6, "e2e_p90_ms": b["e2e_ns"] / 1e6}
+    else:
+        if code == "ours":
+            run = load_run(path, columns=COLUMNS, compact=True)
+        else:  # "full": every column, the frame before the compact load
+            run = load_run(path)
+        loaded = time.perf_counter()
+        s = summarize(run, gpus=8).as_dict()
+        done = time.perf_counter()
+        figures = {"ttft_p90_ms": s["ttft_ms"]["p90"], "e2e_p90_ms": s["e2e_ms"]["p90"]}
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "load_s": loaded - t,
+        "compute_s": done - loaded,
+        "total_s": done - t,
+        "peak_mib": _rss_mb(),
+        **figures,
+    }
+
+
+def _measure(code: str, path: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", code, "--dir", str(path)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    result: dict[str, float] = json.loads(out.splitlines()[-1])
+    return result
+
+
+LABELS = {
+    "ours": "ours (compact load + summarize)",
+    "naive": "naive pandas baseline (read_parquet + fewer figures)",
+    "full": "full load (every column, records_frame) + summarize",
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--full-load", action="store_true")
+    ap.add_argument("--child", choices=sorted(LABELS), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    path = args.dir or Path(tempfile.gettempdir()) / f"bench-analysis-{args.rows}"
+    if args.child:
+        _say(json.dumps(child(args.child, path)))
+        return
     _say(
         f"machine: {os.cpu_count()} CPUs, {_cpu_model()}; "
         f"python {platform.python_version()}, pandas {pd.__version__}, "
         f"numpy {np.__version__}, pyarrow {pa.__version__}"
     )
-    t = time.perf_counter()
-    df = records_frame(synthetic_table(args.rows))
-    _say(
-        f"built {len(df):,} rows in {time.perf_counter() - t:.1f} s; frame "
-        f"{df.memory_usage(deep=False).sum() / 2**20:,.0f} MiB; "
-        f"peak RSS so far {_rss_mb():,.0f} MiB"
-    )
-    empty = pd.DataFrame(columns=["scrape_ns", "metric", "labels", "value"])
-    run = Run(path=Path("synthetic"), requests=df, meta=RunMeta(), server_metrics=empty)
-    ours_s: list[float] = []
-    base_s: list[float] = []
-    for rep in range(args.repeats):  # alternated: the box's noise hits both alike
+    if not (path / "run.json").exists():
         t = time.perf_counter()
-        s = summarize(run, gpus=8).as_dict()
-        ours_s.append(time.perf_counter() - t)
-        _say(
-            f"summarize() run {rep + 1}: {ours_s[-1]:.2f} s, peak RSS "
-            f"{_rss_mb():,.0f} MiB (TTFT p90 {s['ttft_ms']['p90']:.1f} ms, "
-            f"{s['itl_ms']['count']:,} ITL gaps, "
-            f"{s['session_trees']['trees']:,} trees)"
-        )
-        if not args.no_baseline:
-            t = time.perf_counter()
-            b = naive(df)
-            base_s.append(time.perf_counter() - t)
+        write_run(path, args.rows)
+        _say(f"wrote {args.rows:,} rows to {path} in {time.perf_counter() - t:.1f} s")
+    codes = ["ours"] + ([] if args.no_baseline else ["naive"])
+    codes += ["full"] if args.full_load else []
+    results: dict[str, list[dict[str, float]]] = {c: [] for c in codes}
+    for rep in range(args.repeats):  # alternated: the box's noise hits all alike
+        for code in codes:
+            r = _measure(code, path)
+            results[code].append(r)
             _say(
-                f"naive pandas baseline (fewer figures) run {rep + 1}: "
-                f"{base_s[-1]:.2f} s, peak RSS {_rss_mb():,.0f} MiB "
-                f"(TTFT p90 {b['ttft_ns'] / 1e6:.1f} ms)"
+                f"{LABELS[code]} run {rep + 1}: {r['total_s']:.2f} s (load "
+                f"{r['load_s']:.2f} s + {r['compute_s']:.2f} s; CPU {r['cpu_s']:.1f} s), peak RSS "
+                f"{r['peak_mib']:,.0f} MiB (TTFT p90 {r['ttft_p90_ms']:.3f} ms)"
             )
-    ours = statistics.median(ours_s)
-    _say(f"summarize() median of {args.repeats}: {ours:.2f} s")
-    if base_s:
-        base = statistics.median(base_s)
-        _say(f"naive baseline median of {args.repeats}: {base:.2f} s")
-        _say(f"baseline time / ours (medians): {base / ours:.2f}")
+    medians = {}
+    for code, runs in results.items():
+        medians[code] = statistics.median(r["total_s"] for r in runs)
+        peak = max(r["peak_mib"] for r in runs)
+        load = statistics.median(r["load_s"] for r in runs)
+        cpu = statistics.median(r["cpu_s"] for r in runs)
+        _say(
+            f"{LABELS[code]}: median {medians[code]:.2f} s (load {load:.2f} s; "
+            f"CPU {cpu:.1f} s), "
+            f"peak RSS {peak:,.0f} MiB"
+        )
+    for code in codes[1:]:
+        _say(f"{code} / ours (medians): {medians[code] / medians['ours']:.2f}")
 
 
 if __name__ == "__main__":

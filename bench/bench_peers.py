@@ -49,7 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 REPLAYER = str(Path(PY).with_name("replayer"))
 PEER_VENV = Path(
-    os.environ.get("REPLAYER_BENCH_PEER_VENV", Path.home() / ".cache/replayer-bench/venv-aiperf")
+    os.environ.get(
+        "REPLAYER_BENCH_PEER_VENV", Path.home() / ".cache/replayer-bench/venv-aiperf"
+    )
 )
 AIPERF_VERSION = "0.13.0"
 # aiperf needs a HuggingFace tokenizer (no network here: its `builtin` tiktoken one
@@ -83,14 +85,19 @@ def _tree_cpu(root: int, seen: dict[int, float]) -> float:
     return sum(seen.values())
 
 
-def run_measured(cmd: list[str], env: dict | None = None, log: Path | None = None) -> dict:
+def run_measured(
+    cmd: list[str], env: dict | None = None, log: Path | None = None
+) -> dict:
     """Run cmd pinned to the client CPU; wall, CPU (rusage of reaped children, and a
     0.05 s /proc poll of the tree for a timeline), start time."""
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     out = open(log, "wb") if log else subprocess.DEVNULL
     proc = subprocess.Popen(
-        ["taskset", "-c", CLIENT_CPU, *cmd], env=env, stdout=out, stderr=subprocess.STDOUT
+        ["taskset", "-c", CLIENT_CPU, *cmd],
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
     )
     seen: dict[int, float] = {}
     timeline: list[tuple[float, float]] = []
@@ -112,8 +119,13 @@ def run_measured(cmd: list[str], env: dict | None = None, log: Path | None = Non
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_ru = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     polled = timeline[-1][1] if timeline else 0.0
-    return {"rc": rc, "t0": t0, "wall_s": t1 - t0, "cpu_s": max(cpu_ru, polled),
-            "timeline": timeline}
+    return {
+        "rc": rc,
+        "t0": t0,
+        "wall_s": t1 - t0,
+        "cpu_s": max(cpu_ru, polled),
+        "timeline": timeline,
+    }
 
 
 def cpu_between(timeline: list[tuple[float, float]], a: float, b: float) -> float:
@@ -134,9 +146,22 @@ def cpu_between(timeline: list[tuple[float, float]], a: float, b: float) -> floa
 class Sim:
     def __init__(self, args: list[str]):
         self.proc = subprocess.Popen(
-            ["taskset", "-c", SIM_CPU, REPLAYER, "sim", "--port", "0", "--accept-any-model",
-             "--model", "sim", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            [
+                "taskset",
+                "-c",
+                SIM_CPU,
+                REPLAYER,
+                "sim",
+                "--port",
+                "0",
+                "--accept-any-model",
+                "--model",
+                "sim",
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         line = self.proc.stdout.readline()
         m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
@@ -149,8 +174,10 @@ class Sim:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
             text = r.read().decode()
         out = {}
-        for name, key in (("vllm:time_to_first_token_seconds", "ttft"),
-                          ("vllm:time_per_output_token_seconds", "tpot")):
+        for name, key in (
+            ("vllm:time_to_first_token_seconds", "ttft"),
+            ("vllm:time_per_output_token_seconds", "tpot"),
+        ):
             buckets, total, count = [], 0.0, 0.0
             for line in text.splitlines():
                 if line.startswith(name + "_bucket"):
@@ -162,7 +189,9 @@ class Sim:
                     count = float(line.rsplit(" ", 1)[1])
             out[key] = {
                 "mean": 1e3 * total / count if count else None,
-                "p50": _hist_q(buckets, 0.5), "p90": _hist_q(buckets, 0.9), "count": count,
+                "p50": _hist_q(buckets, 0.5),
+                "p90": _hist_q(buckets, 0.9),
+                "count": count,
             }
         m = re.search(r"^vllm:prompt_tokens_total\S* (\S+)$", text, re.M)
         n = re.search(r"^vllm:request_success_total\S* (\S+)$", text, re.M)
@@ -196,8 +225,11 @@ def _hist_q(buckets: list[tuple[float, float]], q: float) -> float | None:
 
 
 # ---------------------------------------------------------------- workload
-WORDS = [f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ri", "so", "tu") for b in
-         ("ba", "de", "fi", "go", "hu", "ja", "ke", "la", "mo", "na", "po", "ru")]
+WORDS = [
+    f"{a}{b}"
+    for a in ("ka", "lo", "mi", "nu", "pe", "ri", "so", "tu")
+    for b in ("ba", "de", "fi", "go", "hu", "ja", "ke", "la", "mo", "na", "po", "ru")
+]
 
 
 def write_workloads(tmp: Path, n_max: int) -> tuple[Path, Path]:
@@ -213,9 +245,16 @@ def write_workloads(tmp: Path, n_max: int) -> tuple[Path, Path]:
 
     blocks = -(-ISL // 64)
     sessions = tuple(
-        Session(session_id=f"s{i:05d}", requests=(Request(
-            input_tokens=ISL, output_tokens=OSL,
-            hash_ids=np.arange(i * blocks, (i + 1) * blocks, dtype=np.int64)),))
+        Session(
+            session_id=f"s{i:05d}",
+            requests=(
+                Request(
+                    input_tokens=ISL,
+                    output_tokens=OSL,
+                    hash_ids=np.arange(i * blocks, (i + 1) * blocks, dtype=np.int64),
+                ),
+            ),
+        )
         for i in range(n_max)
     )
     trace = write_trace(Trace(sessions=sessions), tmp / "trace.jsonl")
@@ -241,17 +280,44 @@ def head(path: Path, n: int, out: Path) -> Path:
 def run_ours(url: str, trace: Path, conc: int, n: int, work: Path) -> dict:
     out = work / "run"
     t = head(trace, n, work / "trace.jsonl")
-    m = run_measured([REPLAYER, "run", str(t), "--endpoint", url, "--model", "sim",
-                      "--api", "chat", "--concurrency", str(conc), "--think-scale", "0",
-                      "--out", str(out), "--quiet"], log=work / "log.txt")
+    m = run_measured(
+        [
+            REPLAYER,
+            "run",
+            str(t),
+            "--endpoint",
+            url,
+            "--model",
+            "sim",
+            "--api",
+            "chat",
+            "--concurrency",
+            str(conc),
+            "--think-scale",
+            "0",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        log=work / "log.txt",
+    )
     if m["rc"] != 0:
-        raise RuntimeError(f"replayer run failed: {(work / 'log.txt').read_text()[-500:]}")
-    a = json.loads(subprocess.run([REPLAYER, "analyze", str(out), "--json"],
-                                  check=True, capture_output=True, text=True).stdout)
+        raise RuntimeError(
+            f"replayer run failed: {(work / 'log.txt').read_text()[-500:]}"
+        )
+    a = json.loads(
+        subprocess.run(
+            [REPLAYER, "analyze", str(out), "--json"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     import pyarrow.parquet as pq
 
-    rows = pq.read_table(glob.glob(str(out / "requests/*.parquet")),
-                         columns=["start_ns", "end_ns"]).to_pydict()
+    rows = pq.read_table(
+        glob.glob(str(out / "requests/*.parquet")), columns=["start_ns", "end_ns"]
+    ).to_pydict()
     base = json.loads((out / "run.json").read_text())["start_unix_ns"] / 1e9
     first, last = base + min(rows["start_ns"]) / 1e9, base + max(rows["end_ns"]) / 1e9
     return _result(m, first, last, a["ok"], a["ttft_ms"], a["tpot_ms"])
@@ -262,19 +328,51 @@ def run_aiperf(url: str, prompts: Path, conc: int, n: int, work: Path) -> dict:
     p = head(prompts, n, work / "prompts.jsonl")
     env = dict(os.environ)  # (HF_HUB_OFFLINE=1 makes it reject the local path)
     m = run_measured(
-        [str(PEER_VENV / "bin/aiperf"), "profile", "--model", "sim", "--url", url,
-         "--endpoint-type", "chat", "--streaming", "--concurrency", str(conc),
-         "--request-count", str(n), "--custom-dataset-type", "single_turn",
-         "--input-file", str(p), "--dataset-sampling-strategy", "sequential",
-         "--output-tokens-mean", str(OSL), "--output-tokens-stddev", "0",
-         "--extra-inputs", "ignore_eos:true", "--use-server-token-count",
-         "--tokenizer", str(TOKENIZER), "--random-seed", "0", "--ui-type", "none",
-         "--artifact-dir", str(art)],
-        env=env, log=work / "log.txt")
+        [
+            str(PEER_VENV / "bin/aiperf"),
+            "profile",
+            "--model",
+            "sim",
+            "--url",
+            url,
+            "--endpoint-type",
+            "chat",
+            "--streaming",
+            "--concurrency",
+            str(conc),
+            "--request-count",
+            str(n),
+            "--custom-dataset-type",
+            "single_turn",
+            "--input-file",
+            str(p),
+            "--dataset-sampling-strategy",
+            "sequential",
+            "--output-tokens-mean",
+            str(OSL),
+            "--output-tokens-stddev",
+            "0",
+            "--extra-inputs",
+            "ignore_eos:true",
+            "--use-server-token-count",
+            "--tokenizer",
+            str(TOKENIZER),
+            "--random-seed",
+            "0",
+            "--ui-type",
+            "none",
+            "--artifact-dir",
+            str(art),
+        ],
+        env=env,
+        log=work / "log.txt",
+    )
     summary = art / "profile_export_aiperf.json"
     if m["rc"] != 0 or not summary.exists():
-        raise RuntimeError(f"aiperf failed (rc {m['rc']}): "
-                           f"{(work / 'log.txt').read_text(errors='replace')[-800:]}")
+        raise RuntimeError(
+            f"aiperf failed (rc {m['rc']}): "
+            f"{(work / 'log.txt').read_text(errors='replace')[-800:]}"
+        )
     d = json.loads(summary.read_text())
     starts, ends = [], []
     with (art / "profile_export.jsonl").open() as f:
@@ -287,39 +385,73 @@ def run_aiperf(url: str, prompts: Path, conc: int, n: int, work: Path) -> dict:
         v = d.get(k) or {}
         return {"mean": v.get("avg"), "p50": v.get("p50"), "p90": v.get("p90")}
 
-    ok = int((d.get("completed_request_count") or d.get("request_count") or {}).get("avg", 0))
+    ok = int(
+        (d.get("completed_request_count") or d.get("request_count") or {}).get("avg", 0)
+    )
     # aiperf's inter_token_latency = (request_latency - TTFT) / (OSL - 1): our TPOT.
-    return _result(m, min(starts), max(ends), ok, pick("time_to_first_token"),
-                   pick("inter_token_latency"))
+    return _result(
+        m,
+        min(starts),
+        max(ends),
+        ok,
+        pick("time_to_first_token"),
+        pick("inter_token_latency"),
+    )
 
 
 def run_baseline(url: str, prompts: Path, conc: int, n: int, work: Path) -> dict:
     p = head(prompts, n, work / "prompts.jsonl")
-    m = run_measured([PY, str(ROOT / "bench/peers/aiohttp_client.py"), url, str(p),
-                      str(work / "out.json"), "--concurrency", str(conc),
-                      "--max-tokens", str(OSL)], log=work / "log.txt")
+    m = run_measured(
+        [
+            PY,
+            str(ROOT / "bench/peers/aiohttp_client.py"),
+            url,
+            str(p),
+            str(work / "out.json"),
+            "--concurrency",
+            str(conc),
+            "--max-tokens",
+            str(OSL),
+        ],
+        log=work / "log.txt",
+    )
     rows = json.loads((work / "out.json").read_text())
     ok = [r for r in rows if r["ok"]]
     ttft = [(r["first_ns"] - r["start_ns"]) / 1e6 for r in ok]
     tpot = [(r["end_ns"] - r["first_ns"]) / 1e6 / (r["output_tokens"] - 1) for r in ok]
-    return _result(m, min(r["start_ns"] for r in rows) / 1e9,
-                   max(r["end_ns"] for r in rows) / 1e9, len(ok), _stats(ttft), _stats(tpot))
+    return _result(
+        m,
+        min(r["start_ns"] for r in rows) / 1e9,
+        max(r["end_ns"] for r in rows) / 1e9,
+        len(ok),
+        _stats(ttft),
+        _stats(tpot),
+    )
 
 
 def _stats(xs: list[float]) -> dict:
     import numpy as np
 
     a = np.asarray(xs)
-    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
-            "p90": float(np.percentile(a, 90))}
-
-
-def _result(m: dict, first: float, last: float, ok: int, ttft: dict, tpot: dict) -> dict:
     return {
-        "ok": ok, "wall_s": m["wall_s"], "cpu_s": m["cpu_s"],
-        "startup_s": first - m["t0"], "window_s": last - first,
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p90": float(np.percentile(a, 90)),
+    }
+
+
+def _result(
+    m: dict, first: float, last: float, ok: int, ttft: dict, tpot: dict
+) -> dict:
+    return {
+        "ok": ok,
+        "wall_s": m["wall_s"],
+        "cpu_s": m["cpu_s"],
+        "startup_s": first - m["t0"],
+        "window_s": last - first,
         "cpu_window_s": cpu_between(m["timeline"], first, last),
-        "ttft": ttft, "tpot": tpot,
+        "ttft": ttft,
+        "tpot": tpot,
     }
 
 
@@ -331,16 +463,27 @@ def ensure_aiperf() -> str | None:
         print(f"installing aiperf=={AIPERF_VERSION} into {PEER_VENV} ...", flush=True)
         PEER_VENV.parent.mkdir(parents=True, exist_ok=True)
         py = shutil.which("python3.11") or shutil.which("python3") or "python3"
-        r = subprocess.run([py, "-m", "venv", str(PEER_VENV)], capture_output=True, text=True)
+        r = subprocess.run(
+            [py, "-m", "venv", str(PEER_VENV)], capture_output=True, text=True
+        )
         if r.returncode == 0:
-            r = subprocess.run([str(PEER_VENV / "bin/pip"), "install", "-q",
-                                f"aiperf=={AIPERF_VERSION}"], capture_output=True, text=True)
+            r = subprocess.run(
+                [
+                    str(PEER_VENV / "bin/pip"),
+                    "install",
+                    "-q",
+                    f"aiperf=={AIPERF_VERSION}",
+                ],
+                capture_output=True,
+                text=True,
+            )
         if r.returncode != 0:
             return (r.stderr or r.stdout).strip().splitlines()[-1]
     if not TOKENIZER.exists():
         return f"no local tokenizer at {TOKENIZER} (aiperf needs one; no network)"
-    r = subprocess.run([str(PEER_VENV / "bin/pip"), "show", "aiperf"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [str(PEER_VENV / "bin/pip"), "show", "aiperf"], capture_output=True, text=True
+    )
     ver = re.search(r"^Version: (\S+)", r.stdout, re.M)
     return None if ver else "aiperf not importable in the peer venv"
 
@@ -362,8 +505,14 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(c[0] for c in CONFIGS))
     args = ap.parse_args()
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), "?")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in open("/proc/cpuinfo")
+            if line.startswith("model name")
+        ),
+        "?",
+    )
     print(f"machine: nproc={os.cpu_count()} cpu={cpu!r} load={os.getloadavg()[0]:.1f}")
     err = ensure_aiperf()
     tools = {"ours": run_ours, "baseline": run_baseline}
@@ -371,8 +520,11 @@ def main() -> None:
         print(f"aiperf UNAVAILABLE: {err}\n-> comparing with the aiohttp baseline only")
     else:
         tools["aiperf"] = run_aiperf
-        ver = subprocess.run([str(PEER_VENV / "bin/pip"), "show", "aiperf"],
-                             capture_output=True, text=True).stdout
+        ver = subprocess.run(
+            [str(PEER_VENV / "bin/pip"), "show", "aiperf"],
+            capture_output=True,
+            text=True,
+        ).stdout
         print("peer: aiperf", re.search(r"^Version: (\S+)", ver, re.M).group(1))
 
     configs = [c for c in CONFIGS if c[0] in args.configs.split(",")]
@@ -383,7 +535,7 @@ def main() -> None:
     for rep in range(args.reps):
         for name, sim_args, conc, n in configs:
             order = list(tools)
-            order = order[rep % len(order):] + order[: rep % len(order)]  # rotate
+            order = order[rep % len(order) :] + order[: rep % len(order)]  # rotate
             for tool in order:
                 work = tmp / f"{name}-{tool}-{rep}"
                 work.mkdir()
@@ -400,32 +552,43 @@ def main() -> None:
                 finally:
                     sim.stop()
                 samples.setdefault((name, tool), []).append(r)
-                print(f"  rep {rep} {name:9s} {tool:8s} wall {r['wall_s']:6.2f}s "
-                      f"window {r['window_s']:6.2f}s cpu {r['cpu_s']:6.2f}s sim cpu {r['sim_cpu_s']:5.2f}s "
-                      f"ttft p50 {fmt(r['ttft']['p50'])} ms (sim {fmt(r['sim']['ttft']['mean'])} mean) "
-                      f"tpot p50 {fmt(r['tpot']['p50'], 3)} ms ok {r['ok']}", flush=True)
+                print(
+                    f"  rep {rep} {name:9s} {tool:8s} wall {r['wall_s']:6.2f}s "
+                    f"window {r['window_s']:6.2f}s cpu {r['cpu_s']:6.2f}s sim cpu {r['sim_cpu_s']:5.2f}s "
+                    f"ttft p50 {fmt(r['ttft']['p50'])} ms (sim {fmt(r['sim']['ttft']['mean'])} mean) "
+                    f"tpot p50 {fmt(r['tpot']['p50'], 3)} ms ok {r['ok']}",
+                    flush=True,
+                )
     print(f"total bench time {time.time() - t_start:.0f} s; samples in {tmp}")
 
     names = [t for t in ("ours", "aiperf", "baseline") if t in tools]
     print("\n## Client cost (medians over reps)")
-    print("| config | tool | requests ok | command wall s | load window s | startup s "
-          "| CPU s total | CPU s / 1k req (window) | CPU s / 1k req (total) | sim CPU s |")
+    print(
+        "| config | tool | requests ok | command wall s | load window s | startup s "
+        "| CPU s total | CPU s / 1k req (window) | CPU s / 1k req (total) | sim CPU s |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, _, _, n in configs:
         for tool in names:
             rs = samples.get((name, tool), [])
             if not rs:
                 continue
-            print(f"| {name} | {tool} | {med([r['ok'] for r in rs]):.0f} "
-                  f"| {fmt(med([r['wall_s'] for r in rs]))} "
-                  f"| {fmt(med([r['window_s'] for r in rs]))} "
-                  f"| {fmt(med([r['startup_s'] for r in rs]))} "
-                  f"| {fmt(med([r['cpu_s'] for r in rs]))} "
-                  f"| {fmt(med([1000 * r['cpu_window_s'] / r['ok'] for r in rs]))} "
-                  f"| {fmt(med([1000 * r['cpu_s'] / r['ok'] for r in rs]))} "
-                  f"| {fmt(med([r['sim_cpu_s'] for r in rs]))} |")
-    print("\n## Ratios (peer / ours; > 1 = ours cheaper or faster), medians of per-rep ratios")
-    print("| config | peer | command wall | load window | startup | CPU total | CPU window |")
+            print(
+                f"| {name} | {tool} | {med([r['ok'] for r in rs]):.0f} "
+                f"| {fmt(med([r['wall_s'] for r in rs]))} "
+                f"| {fmt(med([r['window_s'] for r in rs]))} "
+                f"| {fmt(med([r['startup_s'] for r in rs]))} "
+                f"| {fmt(med([r['cpu_s'] for r in rs]))} "
+                f"| {fmt(med([1000 * r['cpu_window_s'] / r['ok'] for r in rs]))} "
+                f"| {fmt(med([1000 * r['cpu_s'] / r['ok'] for r in rs]))} "
+                f"| {fmt(med([r['sim_cpu_s'] for r in rs]))} |"
+            )
+    print(
+        "\n## Ratios (peer / ours; > 1 = ours cheaper or faster), medians of per-rep ratios"
+    )
+    print(
+        "| config | peer | command wall | load window | startup | CPU total | CPU window |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, *_ in configs:
         ours = samples.get((name, "ours"), [])
@@ -436,33 +599,70 @@ def main() -> None:
                 continue
             row = []
             for key in ("wall_s", "window_s", "startup_s", "cpu_s", "cpu_window_s"):
-                row.append(fmt(med([theirs[i][key] / ours[i][key] / theirs[i]["ok"] * ours[i]["ok"]
-                                    if key.startswith("cpu") else theirs[i][key] / ours[i][key]
-                                    for i in range(k) if ours[i][key] > 0])))
+                row.append(
+                    fmt(
+                        med(
+                            [
+                                theirs[i][key]
+                                / ours[i][key]
+                                / theirs[i]["ok"]
+                                * ours[i]["ok"]
+                                if key.startswith("cpu")
+                                else theirs[i][key] / ours[i][key]
+                                for i in range(k)
+                                if ours[i][key] > 0
+                            ]
+                        )
+                    )
+                )
             print(f"| {name} | {tool} | " + " | ".join(f"{x}x" for x in row) + " |")
-    print("\n## Agreement: what each tool reports vs the sim's own histograms (ms, medians over reps)")
-    print("(sim p50/p90 = upper bound of the vLLM histogram bucket holding it; mean exact)")
-    print("| config | tool | TTFT p50 | TTFT p90 | TTFT mean | sim TTFT p50 / p90 / mean "
-          "| TPOT p50 | TPOT p90 | TPOT mean | sim TPOT p50 / p90 / mean | sim prompt tok/req |")
+    print(
+        "\n## Agreement: what each tool reports vs the sim's own histograms (ms, medians over reps)"
+    )
+    print(
+        "(sim p50/p90 = upper bound of the vLLM histogram bucket holding it; mean exact)"
+    )
+    print(
+        "| config | tool | TTFT p50 | TTFT p90 | TTFT mean | sim TTFT p50 / p90 / mean "
+        "| TPOT p50 | TPOT p90 | TPOT mean | sim TPOT p50 / p90 / mean | sim prompt tok/req |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, *_ in configs:
         for tool in names:
             rs = samples.get((name, tool), [])
             if not rs:
                 continue
-            c = [fmt(med([r[m][q] for r in rs]), 3 if m == "tpot" else 1)
-                 for m in ("ttft",) for q in ("p50", "p90", "mean")]
-            s1 = " / ".join(fmt(med([r["sim"]["ttft"][q] for r in rs]), 1)
-                            for q in ("p50", "p90", "mean"))
-            t = [fmt(med([r["tpot"][q] for r in rs]), 3) for q in ("p50", "p90", "mean")]
-            s2 = " / ".join(fmt(med([r["sim"]["tpot"][q] for r in rs]), 3)
-                            for q in ("p50", "p90", "mean"))
+            c = [
+                fmt(med([r[m][q] for r in rs]), 3 if m == "tpot" else 1)
+                for m in ("ttft",)
+                for q in ("p50", "p90", "mean")
+            ]
+            s1 = " / ".join(
+                fmt(med([r["sim"]["ttft"][q] for r in rs]), 1)
+                for q in ("p50", "p90", "mean")
+            )
+            t = [
+                fmt(med([r["tpot"][q] for r in rs]), 3) for q in ("p50", "p90", "mean")
+            ]
+            s2 = " / ".join(
+                fmt(med([r["sim"]["tpot"][q] for r in rs]), 3)
+                for q in ("p50", "p90", "mean")
+            )
             pt = fmt(med([r["sim"].get("prompt_tokens_per_request") for r in rs]), 0)
-            print(f"| {name} | {tool} | {' | '.join(c)} | {s1} | {' | '.join(t)} | {s2} | {pt} |")
+            print(
+                f"| {name} | {tool} | {' | '.join(c)} | {s1} | {' | '.join(t)} | {s2} | {pt} |"
+            )
     if args.out:
-        args.out.write_text(json.dumps(
-            {f"{k[0]}/{k[1]}": [{kk: vv for kk, vv in r.items()} for r in v]
-             for k, v in samples.items()}, indent=1, default=str))
+        args.out.write_text(
+            json.dumps(
+                {
+                    f"{k[0]}/{k[1]}": [{kk: vv for kk, vv in r.items()} for r in v]
+                    for k, v in samples.items()
+                },
+                indent=1,
+                default=str,
+            )
+        )
 
 
 if __name__ == "__main__":

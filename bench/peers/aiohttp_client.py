@@ -52,7 +52,9 @@ async def main() -> None:
             out_tokens = None
             async with session.post(url, json=body) as resp:
                 async for line in resp.content:
-                    if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    if not line.startswith(b"data: ") or line.startswith(
+                        b"data: [DONE]"
+                    ):
                         continue
                     ev = json.loads(line[6:])
                     ch = ev.get("choices") or []
@@ -63,8 +65,13 @@ async def main() -> None:
                 ok = resp.status == 200
             end = time.time_ns()
             rows.append(
-                {"start_ns": start, "first_ns": first, "end_ns": end,
-                 "output_tokens": out_tokens, "ok": ok and bool(first)}
+                {
+                    "start_ns": start,
+                    "first_ns": first,
+                    "end_ns": end,
+                    "output_tokens": out_tokens,
+                    "ok": ok and bool(first),
+                }
             )
 
     conn = aiohttp.TCPConnector(limit=0)

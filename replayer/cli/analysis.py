@@ -48,6 +48,40 @@ def _summaries(
     return out
 
 
+def _run_dirs(
+    paths: tuple[Path, ...],
+) -> tuple[list[Path], list[tuple[Path, list[Path]]]]:
+    """All run directories among ``paths`` (sweeps' levels in their place), and the
+    sweeps with their levels."""
+    from analysis.load import is_sweep, sweep_levels
+
+    runs: list[Path] = []
+    sweeps: list[tuple[Path, list[Path]]] = []
+    for p in paths:
+        if is_sweep(p):
+            levels = sweep_levels(p)
+            sweeps.append((p, levels))
+            runs.extend(levels)
+        else:
+            runs.append(p)
+    return runs, sweeps
+
+
+def _summarized(run_dirs: list[Path], **options: Any) -> list[Summary]:
+    """The summary of each run directory, loaded one after the other (only the
+    columns a summary reads, compact): memory holds one run at a time, however
+    many runs a sweep has."""
+    from analysis.load import load_run
+    from analysis.summary import COLUMNS
+
+    out = []
+    for path in run_dirs:
+        run = load_run(path, columns=COLUMNS, compact=True)
+        out.extend(_summaries([run], **options))
+        del run
+    return out
+
+
 def _load(paths: tuple[Path, ...]) -> tuple[list[Run], list[tuple[Path, list[Run]]]]:
     """All runs, and the sweeps among ``paths`` with their runs."""
     from analysis.load import is_sweep, load_run, load_sweep
@@ -132,8 +166,8 @@ def analyze(
     from replayer.cli.output import echo_json
 
     with errors_as_messages():
-        runs, sweeps = _load(run_dirs)
-        summaries = _summaries(runs, **options)
+        paths, sweeps = _run_dirs(run_dirs)
+        summaries = _summarized(paths, **options)
         # A capacity folder is a sweep with the search's result beside it.
         capacities = [load_capacity(p) for p, _ in sweeps]
     by_path = {s.run.path: s for s in summaries}
@@ -141,13 +175,18 @@ def analyze(
         raise click.UsageError(f"--json and --format {fmt} contradict each other")
     if fmt == "llmd-br":
         from analysis.llmd import benchmark_report
+        from analysis.load import load_run
 
-        reports = [benchmark_report(r, s) for r, s in zip(runs, summaries, strict=True)]
+        # One run in memory at a time, as the summaries were made.
+        reports = [
+            benchmark_report(load_run(p), s)
+            for p, s in zip(paths, summaries, strict=True)
+        ]
         echo_json(reports[0] if len(reports) == 1 else reports)
         return
     tables = [
-        (p, sweep_table([by_path[str(r.path)] for r in level_runs]))
-        for p, level_runs in sweeps
+        (p, sweep_table([by_path[str(level)] for level in levels]))
+        for p, levels in sweeps
     ]
     if as_json or fmt == "json":
         if len(summaries) == 1 and not sweeps:
