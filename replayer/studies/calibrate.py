@@ -424,33 +424,43 @@ def step_samples(df: pd.DataFrame, budget: int) -> StepSamples:
     valid = np.zeros(n, dtype=bool)
     bad = np.zeros(n, dtype=bool)
     last_cluster: dict[int, int] = {}
-    decodes = np.zeros(n)
+    firsts: list[tuple[int, int]] = []  # (row, cluster) of each first token
     for i in range(times.size):
         r, k, cl = int(req[i]), tok[i], int(cluster[i])
         prev = last_cluster.get(r)
         if k == 0:
-            computed = max(prompt[r] - cached[r], 1.0)
-            # Chunked prefill: the prompt's first chunks ran in the steps before.
-            left = computed
-            j = cl
-            while left > 0 and j >= 0:
-                room = left if j == cl else max(budget - decodes[j], 1.0)
-                part = min(left, room)
-                x[j, 3] += part
-                left -= part
-                if left > 0:
-                    j -= 1
-            x[j, 4] += cached[r]
-            x[j, 5] += 1.0
+            firsts.append((r, cl))
         else:
             x[cl, 1] += 1.0
             x[cl, 2] += prompt[r] + k
-            decodes[cl] += 1.0
             if prev is not None and prev == cl - 1:
                 valid[cl] = True
             elif prev is not None and prev < cl - 1:
                 bad[cl] = True  # resumed after missing steps: a recompute
         last_cluster[r] = cl
+    # Chunked prefill: a prompt's last chunk ran in the step of its first token,
+    # its earlier chunks in the steps before, each within the step's token budget
+    # less its decodes and the chunks placed there already (first tokens in time
+    # order: the engine serves waiting requests first come, first served), and
+    # none before the request was sent. A prompt that does not fit marks its steps
+    # as unreadable.
+    begin = np.concatenate([[-np.inf], end[:-1]])
+    for r, cl in firsts:
+        left = max(prompt[r] - cached[r], 1.0)
+        j = cl
+        while left > 0:
+            room = budget - x[j, 1] - x[j, 3]
+            part = min(left, max(room, 1.0 if j == cl else 0.0))
+            x[j, 3] += part
+            left -= part
+            if left > 0:
+                if j == 0 or not begin[j - 1] >= ev.starts[r]:
+                    x[j, 3] += left
+                    bad[j : cl + 1] = True
+                    break
+                j -= 1
+        x[j, 4] += cached[r]
+        x[j, 5] += 1.0
     x[:, 0] = 1.0
     keep = valid & ~bad
     keep[0] = False

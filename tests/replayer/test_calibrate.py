@@ -216,3 +216,36 @@ def test_virtual_refuses_another_engine_schema_version(
          "--out", str(tmp_path / "v")]
     )  # fmt: skip
     _one_line_exit_2(result, str(engine), "schema version 99")
+
+
+@pytest.mark.parametrize("budget", [512, 8192])
+def test_step_fit_reads_chunked_prefills(
+    small_weka: Path, tmp_path: Path, budget: int
+) -> None:
+    """Steps read off a virtual-time run (exact step ends) give back its terms, also
+    when prompts are chunked over several steps that other prompts' chunks share:
+    the chunks are placed within each step's token budget, not all in the step of
+    the first token (that reading put prefill at a seventh of its cost here)."""
+    from analysis.load import load_run
+    from replayer.records.engine_model import CacheShape, write_engine_model
+    from replayer.studies.calibrate import fit_steps, step_samples
+
+    engine = tmp_path / "TRUTH.json"
+    shape = CacheShape(
+        block_size=16, kv_capacity_tokens=200_000, max_model_len=4096,
+        max_num_seqs=64, max_num_batched_tokens=budget,
+    )  # fmt: skip
+    write_engine_model(engine, EngineModel(steps=StepTerms(**TRUTH), cache=shape))
+    out = tmp_path / "run"
+    result = _invoke(
+        ["run", str(small_weka), "--virtual", str(engine), "--quiet",
+         "--concurrency", "8", "--block-tokens", "2", "--max-input-tokens", "3000",
+         "--think-scale", "0.01", "--think-cap", "0.1", "--duration", "20",
+         "--out", str(out)]
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    samples = step_samples(load_run(out).requests, budget)
+    terms, residual = fit_steps(samples)
+    assert residual < 0.02
+    for name, truth in TRUTH.items():
+        assert terms[name] == pytest.approx(truth, rel=0.05), name
