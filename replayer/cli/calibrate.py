@@ -150,6 +150,14 @@ def format_calibration(cal: Calibration, out: Path) -> str:
     help="The server's longest request (default: the longest in the runs).",
 )
 @click.option(
+    "--policy",
+    type=click.Choice(["vllm", "vllm-chunk", "reserve"]),
+    help="The server's admission: 'vllm' (a request waits until its whole prompt "
+    "fits: vLLM's default scheduler_reserve_full_isl), 'vllm-chunk' (admitted on "
+    "its first chunk: vLLM with --no-scheduler-reserve-full-isl). Default: the "
+    "simulator's setting for runs against it, else 'vllm'.",
+)
+@click.option(
     "--refine-evals",
     type=count(0),
     default=0,

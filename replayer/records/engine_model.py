@@ -43,7 +43,7 @@ class CacheShape:
     max_model_len: int  # prompt + output past it is refused (HTTP 400)
     max_num_seqs: int  # running sequences at most
     max_num_batched_tokens: int  # tokens one step computes at most
-    policy: str = "vllm"  # scheduling policy of the simulator ("vllm" or "reserve")
+    policy: str = "vllm"  # the simulator's scheduling ("vllm", "vllm-chunk", "reserve")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

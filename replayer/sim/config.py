@@ -9,7 +9,7 @@ from typing import Any
 
 from replayer.errors import ConfigError
 
-POLICIES = ("vllm", "reserve")
+POLICIES = ("vllm", "vllm-chunk", "reserve")
 
 
 # Upper bounds: far past any server, short of what would exhaust this machine.
@@ -83,8 +83,11 @@ class SimConfig:
     policy: str = _knob(
         "vllm",
         "Scheduling: 'vllm' (vLLM v1: KV allocated as computed, newest preempted "
-        "when blocks run out) or 'reserve' (whole output reserved at admission, "
-        "no preemption).",
+        "when blocks run out, a waiting request admitted only when its whole prompt "
+        "fits, as --scheduler-reserve-full-isl, vLLM's default), 'vllm-chunk' (the "
+        "same, admitted when its first chunk fits: vLLM with "
+        "--no-scheduler-reserve-full-isl and before that flag) or 'reserve' (whole "
+        "output reserved at admission, no preemption).",
     )
     mean_output_tokens: int = _knob(
         512, "Mean length before the seeded EOS when ignore_eos is not set."

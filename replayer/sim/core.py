@@ -115,6 +115,9 @@ class Scheduler:
             config.kv_capacity_tokens // bs, config.host_capacity_tokens // bs
         )
         self.reserve = config.policy == "reserve"
+        # vLLM admits a waiting request only when its whole prompt fits
+        # (scheduler_reserve_full_isl), not just the first chunk it computes.
+        self.full_prompt = config.policy == "vllm"
         self.waiting: deque[CoreRequest] = deque()
         self.running: list[CoreRequest] = []
         # The counters go where the caller wants them (the live engine's /metrics).
@@ -319,7 +322,8 @@ class Scheduler:
 
     def _admit(self, req: CoreRequest, budget: int) -> tuple[int, int] | None:
         """Take the request's prefix hits and the blocks of its first chunk (its whole
-        output too under ``reserve``); (GPU, host) hit tokens, or None if no room."""
+        output too under ``reserve``); (GPU, host) hit tokens, or None if no room
+        (under ``vllm``: room for its whole prompt, though only the chunk is taken)."""
         bs = self.block_size
         pool = self.pool
         # vLLM recomputes at least the last token, to get its logits.
@@ -333,10 +337,13 @@ class Scheduler:
         n = min(req.num_tokens - computed, budget)
         upto = req.prompt_tokens + req.output_tokens if self.reserve else computed + n
         need = -(-upto // bs) - len(gpu)
+        gate = need
+        if self.full_prompt:
+            gate = max(need, -(-req.num_tokens // bs) - len(gpu))
         free = pool.num_free
         # Hits nobody holds sit in the free queue: they are not room for the rest.
-        if need > free or (
-            need > free - len(gpu) and need > free - pool.count_unheld(gpu)
+        if gate > free or (
+            gate > free - len(gpu) and gate > free - pool.count_unheld(gpu)
         ):
             return None
         req.lookup = None

@@ -84,6 +84,7 @@ class ShapeFlags:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
+    policy: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -290,7 +291,14 @@ def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, 
     assert seqs is not None
     assert batched is not None
     assert model_len is not None
-    policy = str(sim("policy") or "vllm")
+    if flags.policy is not None:
+        policy = flags.policy
+        sources.append("policy: flag")
+    else:
+        policy = str(sim("policy") or "vllm")
+        sources.append(
+            "policy: simulator settings" if sim("policy") else "policy: vLLM's default"
+        )
     host = _int(sim("host_capacity_tokens")) or 0
     shape = CacheShape(
         block_size=block,

@@ -97,6 +97,8 @@ def test_calibrate_recovers_hidden_truth_and_predicts_other_levels(
     # The server's context length as its /v1/models listed it, recorded by the run.
     assert fitted["cache"]["max_model_len"] == 4096
     assert "max_model_len: the server's /v1/models" in doc["cache_sources"]
+    assert fitted["cache"]["policy"] == "vllm"
+    assert "policy: simulator settings" in doc["cache_sources"]
     assert fitted["fit"]["runs"] == [str(live_runs[c]) for c in TRAIN]
     assert [h["label"] for h in doc["holdout"]] == [f"concurrency {c}" for c in HOLDOUT]
     for held in doc["holdout"]:
@@ -249,3 +251,14 @@ def test_step_fit_reads_chunked_prefills(
     assert residual < 0.02
     for name, truth in TRUTH.items():
         assert terms[name] == pytest.approx(truth, rel=0.05), name
+
+
+def test_policy_flag_wins_over_the_runs(live_runs: dict[int, Path]) -> None:
+    from replayer.studies.calibrate import ShapeFlags, cache_shape_of, load_live_runs
+
+    runs = load_live_runs([live_runs[TRAIN[0]]])
+    shape, sources = cache_shape_of(runs, ShapeFlags(policy="vllm-chunk"))
+    assert shape.policy == "vllm-chunk"
+    assert "policy: flag" in sources
+    shape, sources = cache_shape_of(runs, ShapeFlags())
+    assert shape.policy == "vllm"

@@ -93,6 +93,34 @@ def test_blocks_are_allocated_as_computed_and_the_newest_is_preempted() -> None:
     assert core.stats.requests_success == 2
 
 
+@pytest.mark.parametrize("policy", ["vllm", "vllm-chunk"])
+def test_admission_waits_for_the_whole_prompt_under_vllm(policy: str) -> None:
+    # 25 blocks of 4 tokens, 16-token steps. A 60-token prompt runs (15 blocks);
+    # a second 60-token prompt's first chunk (4 blocks) fits in the 10 left, the
+    # whole prompt (15) does not: vLLM (scheduler_reserve_full_isl, its default)
+    # keeps it waiting; admitted on its first chunk, it runs out of blocks
+    # mid-prefill and preempts.
+    cfg = SimConfig.fast(
+        block_size=4, kv_capacity_tokens=100, max_model_len=80,
+        max_num_batched_tokens=16, policy=policy,
+    )  # fmt: skip
+    core = Scheduler(cfg)
+    first, second = _req(0, 60, 8, 4), _req(1000, 60, 8, 4)
+    core.add(first)
+    for _ in range(4):  # the first prompt's four chunks
+        core.step()
+    core.add(second)
+    core.step()
+    if policy == "vllm":
+        assert core.running == [first]
+        assert list(core.waiting) == [second]
+    else:
+        assert core.running == [first, second]
+    _drain(core)
+    assert (first.generated, second.generated) == (8, 8)
+    assert (core.stats.preemptions > 0) == (policy == "vllm-chunk")
+
+
 def test_reserve_policy_never_preempts_and_admits_one_at_a_time() -> None:
     cfg = SimConfig.fast(
         block_size=4, kv_capacity_tokens=80, max_model_len=60, policy="reserve"
