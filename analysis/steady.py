@@ -62,7 +62,9 @@ COLUMNS = (
 def window_of(df: pd.DataFrame) -> SteadyWindow | None:
     """The steady-state window of a run's rows (sent rows: not ``skipped``)."""
     sent = ~m.has_status(df, "skipped")
-    return steady_window(m.column(df, "start_ns")[sent], m.column(df, "end_ns")[sent])
+    return steady_window(
+        m.kept_column(df, "start_ns", sent), m.kept_column(df, "end_ns", sent)
+    )
 
 
 def in_window(df: pd.DataFrame, window: SteadyWindow) -> pd.DataFrame:
