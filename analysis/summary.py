@@ -535,7 +535,12 @@ def run_within(
     helpers = [threading.Thread(target=work) for _ in range(workers - 1)]
     for t in helpers:
         t.start()
-    work()
+    try:
+        work()
+    except BaseException as exc:  # Ctrl-C while waiting: the helpers stop too
+        with turn:
+            errors.append(exc)
+            turn.notify_all()
     for t in helpers:
         t.join()
     if errors:
