@@ -13,8 +13,10 @@ import pandas as pd
 
 from analysis.metrics import (
     NAN,
+    FloatArray,
     column,
     hit_rate,
+    kept_column,
     measured_ok,
     percentile,
     server_prompt,
@@ -110,26 +112,28 @@ def request_cache(
     report cached_tokens with ``reporting_only``). ``columns``: a subset of
     :data:`REQUEST_COLUMNS` to build.
     """
-    cached = column(df, "cached_tokens")
     keep = measured_ok(df)
     if reporting_only:
-        keep &= ~np.isnan(cached)
-    ideal = column(df, "ideal_cached_tokens")
+        keep &= ~np.isnan(column(df, "cached_tokens"))
+
+    def kept(name: str, scale: float = 1.0) -> FloatArray:
+        return kept_column(df, name, keep, scale)
+
     build: dict[str, Callable[[], Any]] = {
         # Categoricals stay categoricals: no per-row Python strings.
         "session_id": lambda: df["session_id"][keep].reset_index(drop=True),
         "root_session_id": lambda: df["root_session_id"][keep].reset_index(drop=True),
-        "request_index": lambda: column(df, "request_index")[keep],
-        "start_ns": lambda: column(df, "start_ns")[keep],
-        "ttft_ms": lambda: column(df, "ttft_ns")[keep] / 1e6,
-        "prompt_tokens": lambda: column(df, "prompt_tokens")[keep],
-        "server_prompt_tokens": lambda: server_prompt(df)[keep],
-        "cached_tokens": lambda: cached[keep],
-        "ideal_cached_tokens": lambda: ideal[keep],
+        "request_index": lambda: kept("request_index"),
+        "start_ns": lambda: kept("start_ns"),
+        "ttft_ms": lambda: kept("ttft_ns", 1e6),
+        "prompt_tokens": lambda: kept("prompt_tokens"),
+        "server_prompt_tokens": lambda: server_prompt(df, keep),
+        "cached_tokens": lambda: kept("cached_tokens"),
+        "ideal_cached_tokens": lambda: kept("ideal_cached_tokens"),
         "lru_cached_tokens": lambda: (
             lru[keep] if lru is not None else np.full(int(keep.sum()), NAN)
         ),
-        "missed_tokens": lambda: (ideal - cached)[keep],
+        "missed_tokens": lambda: kept("ideal_cached_tokens") - kept("cached_tokens"),
     }
     # copy=False keeps one block per column instead of copying into one 2-D block.
     return pd.DataFrame({c: build[c]() for c in columns}, copy=False)
@@ -170,7 +174,8 @@ def miss_impact(requests: pd.DataFrame, *, tolerance_tokens: int) -> CacheMisses
     without/with a miss; ``slow_with_miss_fraction``: of rows with TTFT at or above
     the P90, the share with a miss.
     """
-    rep = requests[requests["cached_tokens"].notna()]
+    reporting = requests["cached_tokens"].notna()
+    rep = requests if reporting.all() else requests[reporting]  # no copy of them all
     if rep.empty:
         return CacheMisses(
             tolerance_tokens=tolerance_tokens,

@@ -5,7 +5,7 @@ rows out. See docs/metrics.md#kv-cache."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -50,7 +50,7 @@ class _Table:
             g.astype(np.int16) if self.n < 2**15 else g
         )
         self.figures: dict[str, list[float]] = {}
-        self._order: npt.NDArray[np.intp] | None = None
+        self._order: npt.NDArray[np.signedinteger[Any]] | None = None
 
     def rates(self, name: str, values: FloatArray, prompt: FloatArray | None) -> None:
         """Per group, Σ values / Σ prompt (NaN prompts as 0) over the rows whose
@@ -79,7 +79,9 @@ class _Table:
         sort (small keys: a radix sort), kept for the next column; each group's
         percentiles are then taken on a slice."""
         if self._order is None:
-            self._order = np.argsort(self.g, kind="stable")
+            order = np.argsort(self.g, kind="stable")
+            # Kept for the next column: in 4 bytes a row, not 8, when that holds it.
+            self._order = order.astype(np.int32) if order.size < 2**31 else order
         ordered = values[self._order]
         cuts = np.concatenate([[0], np.cumsum(self.count)]).tolist()
         p50s, p90s = [], []
@@ -110,9 +112,33 @@ class _Table:
         )
 
 
-def _turn_groups(df: pd.DataFrame) -> tuple[npt.NDArray[np.int64], dict[int, str]]:
-    groups = turn_bucket(m.column(df, "request_index"))
-    return groups, {k: _bucket_label(k) for k in range(int(groups.max(initial=0)) + 1)}
+def _small_ints(
+    df: pd.DataFrame, name: str, keep: npt.NDArray[np.bool_]
+) -> tuple[npt.NDArray[np.integer[Any]], int, int] | None:
+    """The kept rows of an integer column of at most 2 bytes (no nulls), with the
+    column's least and greatest value (over all rows); None for any other."""
+    raw = m.plain_column(df, name)
+    if raw is None or raw.dtype.kind not in "iu" or raw.dtype.itemsize > 2:
+        return None
+    kept = cast("npt.NDArray[np.integer[Any]]", raw[keep])
+    return kept, int(raw.min(initial=0)), int(raw.max(initial=0))
+
+
+def _turn_groups(
+    df: pd.DataFrame, keep: npt.NDArray[np.bool_]
+) -> tuple[npt.NDArray[np.int64], dict[int, str]]:
+    """Each kept row's turn bucket, and the labels of the buckets up to the run's
+    last. A small integer column: the buckets of its values' range looked up."""
+    small = _small_ints(df, "request_index", keep)
+    if small is None:
+        all_groups = turn_bucket(m.column(df, "request_index"))
+        groups, last = all_groups[keep], int(all_groups.max(initial=0))
+    else:
+        kept, lo, hi = small
+        table = turn_bucket(np.arange(lo, hi + 1, dtype=np.float64))
+        groups = table[kept.astype(np.intp) - lo]
+        last = int(table.max(initial=0))
+    return groups, {k: _bucket_label(k) for k in range(last + 1)}
 
 
 # Depths up to this are their own group number; any other (a negative or huge
@@ -120,12 +146,19 @@ def _turn_groups(df: pd.DataFrame) -> tuple[npt.NDArray[np.int64], dict[int, str
 _DENSE_DEPTHS = 2**15
 
 
-def _depth_groups(df: pd.DataFrame) -> tuple[npt.NDArray[np.int64], dict[int, str]]:
+def _depth_groups(
+    df: pd.DataFrame, keep: npt.NDArray[np.bool_]
+) -> tuple[npt.NDArray[np.int64], dict[int, str]]:
+    small = _small_ints(df, "agent_depth", keep)
+    if small is not None and small[1] >= 0 and small[2] < _DENSE_DEPTHS:
+        kept, _, hi = small
+        return kept.astype(np.int64), {k: str(k) for k in range(hi + 1)}
     depth = np.nan_to_num(m.column(df, "agent_depth"), nan=0.0).astype(np.int64)
     if depth.min(initial=0) >= 0 and depth.max(initial=0) < _DENSE_DEPTHS:
-        return depth, {k: str(k) for k in range(int(depth.max(initial=0)) + 1)}
+        return depth[keep], {k: str(k) for k in range(int(depth.max(initial=0)) + 1)}
     values, groups = np.unique(depth, return_inverse=True)
-    return groups.astype(np.int64), {k: str(v) for k, v in enumerate(values.tolist())}
+    labels = {k: str(v) for k, v in enumerate(values.tolist())}
+    return groups.astype(np.int64)[keep], labels
 
 
 def by_turn(
@@ -159,12 +192,13 @@ def by_turn_and_depth(
     """(:func:`by_turn`, :func:`by_depth`): each kept column taken once, for both
     tables, and let go before the next."""
     keep = m.measured_ok(df)
-    tables = [_Table(g[keep], lab) for g, lab in (_turn_groups(df), _depth_groups(df))]
+    # One table at a time: each keeps its groups in 2 bytes a row, not 8.
+    tables = [_Table(*groups(df, keep)) for groups in (_turn_groups, _depth_groups)]
     if not keep.any():
         return (), ()
-    prompt = m.column(df, "prompt_tokens")[keep]
+    prompt = m.kept_column(df, "prompt_tokens", keep)
     kept: list[tuple[str, FloatArray, FloatArray | None]] = [("prompt", prompt, None)]
-    for name, values in (("ideal", m.column(df, "ideal_cached_tokens")[keep]),
+    for name, values in (("ideal", m.kept_column(df, "ideal_cached_tokens", keep)),
                          ("lru", None if lru is None else lru[keep])):  # fmt: skip
         if values is not None:
             kept.append((name, values, prompt))
@@ -173,15 +207,15 @@ def by_turn_and_depth(
             t.rates(name, values, den)
     kept.clear()
     # The server's prompt where it reported one, else ours (metrics.server_prompt).
-    server = m.column(df, "server_prompt_tokens")[keep]
+    server = m.kept_column(df, "server_prompt_tokens", keep)
     server = np.where(np.isnan(server), prompt, server)
     del prompt
-    cached = m.column(df, "cached_tokens")[keep]
+    cached = m.kept_column(df, "cached_tokens", keep)
     for t in tables:
         t.rates("server", cached, server)
     del cached, server
     for name in ("ttft", "e2e"):
-        values = m.column(df, f"{name}_ns")[keep] / _NS_PER_MS
+        values = m.kept_column(df, f"{name}_ns", keep, _NS_PER_MS)
         for t in tables:
             t.latencies(name, values)
     return tables[0].rows(), tables[1].rows()

@@ -112,6 +112,53 @@ def column(df: pd.DataFrame, name: str) -> FloatArray:
     return series.to_numpy(dtype=np.float64, na_value=np.nan)
 
 
+def plain_column(df: pd.DataFrame, name: str) -> npt.NDArray[np.number] | None:
+    """The column's numpy values when it is a plain numeric one (no nulls but NaN),
+    else None (:func:`column` converts it)."""
+    series = df[name]
+    if isinstance(series.dtype, np.dtype) and series.dtype.kind in "iuf":
+        values: npt.NDArray[np.number] = series.to_numpy()
+        return values
+    return None
+
+
+def kept_column(
+    df: pd.DataFrame, name: str, keep: npt.NDArray[np.bool_], scale: float = 1.0
+) -> FloatArray:
+    """``column(df, name)[keep] / scale`` (no division for a scale of 1), the same
+    floats: the rows are taken before the cast, and the cast is made inside the
+    division, so no float64 copy of the whole column is made on the way."""
+    raw = plain_column(df, name)
+    values: npt.NDArray[np.number] = (
+        column(df, name)[keep] if raw is None else raw[keep]
+    )
+    if scale == 1.0:
+        whole: FloatArray = values.astype(np.float64, copy=False)
+        return whole
+    out: FloatArray = np.true_divide(values, scale, dtype=np.float64)
+    return out
+
+
+def kept_difference(
+    df: pd.DataFrame, a: str, b: str, keep: npt.NDArray[np.bool_], scale: float
+) -> FloatArray:
+    """``(column(df, a) - column(df, b))[keep] / scale``, the same floats (each
+    column cast to float64 before the subtraction, as there), from the kept rows
+    only."""
+    out = kept_column(df, a, keep)
+    raw_b = plain_column(df, b)
+    # The other column's kept rows are cast to float64 inside the subtraction.
+    np.subtract(out, raw_b[keep] if raw_b is not None else column(df, b)[keep],
+                out=out, dtype=np.float64)  # fmt: skip
+    out /= scale
+    return out
+
+
+def _drop_nan(v: FloatArray) -> FloatArray:
+    nan = np.isnan(v)
+    return v[~nan] if nan.any() else v
+
+
 def is_warmup(df: pd.DataFrame) -> npt.NDArray[np.bool_]:
     """Rows started inside the warm-up window (a null flag counts as measured)."""
     return df["warmup"].fillna(False).to_numpy(dtype=bool)
@@ -166,8 +213,7 @@ def ttft_ms(df: pd.DataFrame) -> FloatArray:
     Formula: ttft_ns / 1e6, where ttft_ns = first_token_ns - start_ns (first chunk
     carrying content). Population: ok, measured rows with a TTFT.
     """
-    v = column(df, "ttft_ns")[measured_ok(df)] / _NS_PER_MS
-    return v[~np.isnan(v)]
+    return _drop_nan(kept_column(df, "ttft_ns", measured_ok(df), _NS_PER_MS))
 
 
 def e2e_ms(df: pd.DataFrame) -> FloatArray:
@@ -175,8 +221,7 @@ def e2e_ms(df: pd.DataFrame) -> FloatArray:
 
     Formula: e2e_ns / 1e6 (end_ns - start_ns). Population: ok, measured rows.
     """
-    v = column(df, "e2e_ns")[measured_ok(df)] / _NS_PER_MS
-    return v[~np.isnan(v)]
+    return _drop_nan(kept_column(df, "e2e_ns", measured_ok(df), _NS_PER_MS))
 
 
 def queued_ttft_ms(df: pd.DataFrame) -> FloatArray:
@@ -187,10 +232,10 @@ def queued_ttft_ms(df: pd.DataFrame) -> FloatArray:
     Formula: (first_token_ns - scheduled_ns) / 1e6 = TTFT + dispatch lag.
     Population: that of :func:`ttft_ms` (ok, measured rows with a first token).
     """
-    v = (column(df, "first_token_ns") - column(df, "scheduled_ns"))[
-        measured_ok(df)
-    ] / _NS_PER_MS
-    return v[~np.isnan(v)]
+    keep = measured_ok(df)
+    return _drop_nan(
+        kept_difference(df, "first_token_ns", "scheduled_ns", keep, _NS_PER_MS)
+    )
 
 
 def queued_e2e_ms(df: pd.DataFrame) -> FloatArray:
@@ -199,10 +244,8 @@ def queued_e2e_ms(df: pd.DataFrame) -> FloatArray:
     Formula: (end_ns - scheduled_ns) / 1e6 = E2E + dispatch lag. Population: that
     of :func:`e2e_ms` (ok, measured rows).
     """
-    v = (column(df, "end_ns") - column(df, "scheduled_ns"))[
-        measured_ok(df)
-    ] / _NS_PER_MS
-    return v[~np.isnan(v)]
+    keep = measured_ok(df)
+    return _drop_nan(kept_difference(df, "end_ns", "scheduled_ns", keep, _NS_PER_MS))
 
 
 def row_tpot_ms(df: pd.DataFrame) -> FloatArray:
@@ -223,8 +266,7 @@ def tpot_ms(df: pd.DataFrame) -> FloatArray:
     Formula: :func:`row_tpot_ms`, (E2E - TTFT) / (output_tokens - 1) / 1e6.
     Population: ok, measured rows with a TPOT (output_tokens ≥ 2).
     """
-    v = row_tpot_ms(df)[measured_ok(df)]
-    return v[~np.isnan(v)]
+    return _drop_nan(kept_column(df, "tpot_ns", measured_ok(df), _NS_PER_MS))
 
 
 def _kept_gaps(
@@ -345,10 +387,11 @@ def e2e_per_token_s(df: pd.DataFrame) -> FloatArray:
     Formula: E2E_i / OSL_i, E2E = e2e_ns / 1e9, OSL = output_tokens received.
     Population: ok, measured rows with output_tokens ≥ 1 and an E2E.
     """
-    out = column(df, "output_tokens")
-    keep = measured_ok(df) & (out >= 1)
-    v = column(df, "e2e_ns")[keep] / _NS_PER_S / out[keep]
-    return v[~np.isnan(v)]
+    keep = measured_ok(df)
+    keep &= column(df, "output_tokens") >= 1
+    v = kept_column(df, "e2e_ns", keep, _NS_PER_S)
+    v /= kept_column(df, "output_tokens", keep)
+    return _drop_nan(v)
 
 
 def e2e_norm_interactivity_tok_s(df: pd.DataFrame) -> float:
@@ -374,8 +417,8 @@ def measured_window_s(df: pd.DataFrame) -> float:
     if not keep.any():
         return NAN
     # fmin/fmax skip NaN (null) instants; all NaN gives NaN, and NaN > x is False.
-    start = np.fmin.reduce(column(df, "start_ns")[keep])
-    end = np.fmax.reduce(column(df, "end_ns")[keep])
+    start = np.fmin.reduce(kept_column(df, "start_ns", keep))
+    end = np.fmax.reduce(kept_column(df, "end_ns", keep))
     return float(end - start) / _NS_PER_S if end > start else NAN
 
 
@@ -390,8 +433,8 @@ def throughput_tok_s(df: pd.DataFrame, gpus: int | None = None) -> Throughput:
     """
     keep = measured_ok(df)
     window = measured_window_s(df)
-    tin = float(np.nansum(column(df, "prompt_tokens")[keep]))
-    tout = float(np.nansum(column(df, "output_tokens")[keep]))
+    tin = float(np.nansum(kept_column(df, "prompt_tokens", keep)))
+    tout = float(np.nansum(kept_column(df, "output_tokens", keep)))
     return Throughput(
         input=tin / window,
         output=tout / window,
@@ -495,14 +538,24 @@ def dispatch_lag_ms(df: pd.DataFrame) -> FloatArray:
     sent (start_ns not null, status not "skipped"), any other status.
     """
     keep = ~is_warmup(df) & ~has_status(df, "skipped")
-    v = (column(df, "start_ns") - column(df, "scheduled_ns"))[keep]
-    return v[~np.isnan(v)] / _NS_PER_MS
+    return _drop_nan(kept_difference(df, "start_ns", "scheduled_ns", keep, 1.0)) / (
+        _NS_PER_MS
+    )
 
 
-def server_prompt(df: pd.DataFrame) -> FloatArray:
-    """The server's prompt length where it reported one, else the tokens we sent."""
-    server = column(df, "server_prompt_tokens")
-    return np.where(np.isnan(server), column(df, "prompt_tokens"), server)
+def server_prompt(
+    df: pd.DataFrame, keep: npt.NDArray[np.bool_] | None = None
+) -> FloatArray:
+    """The server's prompt length where it reported one, else the tokens we sent
+    (of the rows where ``keep``, default all)."""
+    if keep is None:
+        server = column(df, "server_prompt_tokens")
+        return np.where(np.isnan(server), column(df, "prompt_tokens"), server)
+    server = kept_column(df, "server_prompt_tokens", keep)
+    nan = np.isnan(server)
+    if nan.all():  # none reported (a column of nulls): ours
+        return kept_column(df, "prompt_tokens", keep)
+    return np.where(nan, kept_column(df, "prompt_tokens", keep), server)
 
 
 def hit_rate(hits: npt.ArrayLike, prompt: npt.ArrayLike) -> float:
@@ -528,7 +581,7 @@ def server_hit_rate(df: pd.DataFrame) -> float:
     it, never 0.
     """
     keep = measured_ok(df)
-    return hit_rate(column(df, "cached_tokens")[keep], server_prompt(df)[keep])
+    return hit_rate(kept_column(df, "cached_tokens", keep), server_prompt(df, keep))
 
 
 def ideal_hit_rate(df: pd.DataFrame) -> float:
@@ -539,7 +592,8 @@ def ideal_hit_rate(df: pd.DataFrame) -> float:
     """
     keep = measured_ok(df)
     return hit_rate(
-        column(df, "ideal_cached_tokens")[keep], column(df, "prompt_tokens")[keep]
+        kept_column(df, "ideal_cached_tokens", keep),
+        kept_column(df, "prompt_tokens", keep),
     )
 
 

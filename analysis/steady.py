@@ -62,7 +62,9 @@ COLUMNS = (
 def window_of(df: pd.DataFrame) -> SteadyWindow | None:
     """The steady-state window of a run's rows (sent rows: not ``skipped``)."""
     sent = ~m.has_status(df, "skipped")
-    return steady_window(m.column(df, "start_ns")[sent], m.column(df, "end_ns")[sent])
+    return steady_window(
+        m.kept_column(df, "start_ns", sent), m.kept_column(df, "end_ns", sent)
+    )
 
 
 def in_window(df: pd.DataFrame, window: SteadyWindow) -> pd.DataFrame:
@@ -95,8 +97,11 @@ def percentile_ci(
     z·√(n·p·(1-p)) of the sorted values), which is what the bootstrap interval of a
     percentile converges to and costs one sort instead of thousands of resamples.
     """
-    x = np.asarray(values, dtype=np.float64)
-    x = x[~np.isnan(x)]
+    x = np.asarray(values, dtype=np.float64)  # read, never written
+    nan = np.isnan(x)
+    if nan.any():  # else no copy of millions of values
+        x = x[~nan]
+    del nan
     n = x.size
     if n == 0:
         return [(math.nan, math.nan, math.nan) for _ in qs]

@@ -4,7 +4,12 @@ as arguments. See docs/metrics.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,7 +231,7 @@ def _streamed_itl(run: Run) -> tuple[m.FloatArray, m.FloatArray]:
     itl: m.FloatArray = np.empty(cap)
     spread: m.FloatArray | None = None  # until a batch has a 0 ns gap
     n_itl = n_spread = 0
-    for batch in part_batches(run, ITL_COLUMNS):
+    for batch in _ahead(part_batches(run, ITL_COLUMNS)):
         status = batch.column("status")
         if not pa.types.is_dictionary(status.type):
             status = status.dictionary_encode()
@@ -263,7 +268,23 @@ def _itl(run: Run, df: pd.DataFrame) -> tuple[Latency, Latency, float]:
     if spread is itl:
         figures = m.describe(itl, scratch=True)
         return figures, figures, coalesced
-    return m.describe(itl, scratch=True), m.describe(spread, scratch=True), coalesced
+    # Each array is reordered in place by its own describe: no memory to add.
+    one, two = run_within(
+        [(0, lambda: m.describe(itl, scratch=True)),
+         (0, lambda: m.describe(spread, scratch=True))],
+        budget=0,
+    )  # fmt: skip
+    return one, two, coalesced
+
+
+def _ahead(items: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """``items``, the next one read on a thread (Arrow decodes without the GIL)
+    while the caller works on this one: one more batch held."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        coming = pool.submit(next, items, None)
+        while (item := coming.result()) is not None:
+            coming = pool.submit(next, items, None)
+            yield item
 
 
 def _trees(df: pd.DataFrame) -> SessionTrees:
@@ -335,59 +356,193 @@ def summarize(
             host_capacity_tokens=host_capacity_tokens,
         )
     rates = CacheRates(
-        server=m.server_hit_rate(df),
-        ideal=m.ideal_hit_rate(df),
+        server=math.nan,  # below, with the other parts
+        ideal=math.nan,
         prometheus=m.prometheus_hit_rate(run.server_metrics, run.meta.measure_start_ns),
         # An imported agent log: what its own provider served from cache, beside
         # what this server did with the same traffic.
         provider=run.meta.trace.provider_cache_hit_rate,
         lru=estimate,
     )
-    # Each part in turn, its working arrays let go before the next: at 10M rows
-    # a part holds 0.3-0.7 GiB beside the frame, and two at once (in threads)
-    # went past 2 GiB while saving little on a 2-core box.
-    misses = miss_impact(
-        request_cache(
-            df,
-            lru,
-            reporting_only=True,
-            columns=("ttft_ms", "cached_tokens", "missed_tokens"),
+    # The parts, two at a time on two cores (numpy and Arrow let go of the GIL
+    # in their passes), as long as the working memory of those running fits
+    # WORKING_BYTES a row beside the frame; each part's own is PART_BYTES.
+    seed = run.meta.seed
+    parts: dict[str, Callable[[], Any]] = {
+        "itl": lambda: _itl(run, df),
+        "depth": lambda: by_turn_and_depth(df, lru),
+        "trees": lambda: _trees(df),
+        "steady": lambda: steady_state(df, seed=seed),
+        "client": lambda: _client_check(run),
+        "misses": lambda: miss_impact(
+            request_cache(
+                df,
+                lru,
+                reporting_only=True,
+                columns=("ttft_ms", "cached_tokens", "missed_tokens"),
+            ),
+            tolerance_tokens=tolerance,
         ),
-        tolerance_tokens=tolerance,
+        "validity": lambda: verdict(df, run.meta, block_ideal=math.nan),
+        "block_ideal": lambda: block_ideal_hit_rate(df, tolerance),
+        "server_hit": lambda: m.server_hit_rate(df),
+        "ideal_hit": lambda: m.ideal_hit_rate(df),
+        "e2e_norm": lambda: m.e2e_norm_interactivity_tok_s(df),
+        "throughput": lambda: m.throughput_tok_s(df, gpus),
+        "lag": lambda: _lag(df),
+        "tpot": lambda: m.describe(m.tpot_ms(df), scratch=True),
+        "ttft": lambda: m.describe(m.ttft_ms(df), scratch=True),
+        "e2e": lambda: m.describe(m.e2e_ms(df), scratch=True),
+        "queued_ttft": lambda: m.describe(m.queued_ttft_ms(df), scratch=True),
+        "queued_e2e": lambda: m.describe(m.queued_e2e_ms(df), scratch=True),
+        "counts": lambda: m.counts(df),
+    }
+    rows = len(df)
+    done = dict(
+        zip(
+            parts,
+            run_within(
+                [(PART_BYTES[name] * rows, job) for name, job in parts.items()],
+                budget=WORKING_BYTES * rows,
+            ),
+            strict=True,
+        )
     )
-    itl_figures, spread_figures, coalesced = _itl(run, df)
-    turn, depth = by_turn_and_depth(df, lru)
-    lag = m.dispatch_lag_ms(df)
-    tpot = m.describe(m.tpot_ms(df), scratch=True)
-    lag_p50, lag_p99 = m.percentiles(lag, [50, 99])
+    itl_figures, spread_figures, coalesced = done["itl"]
+    turn, depth = done["depth"]
+    tpot = done["tpot"]
+    validity = done["validity"]
     return Summary(
         run=_run_info(run),
-        counts=m.counts(df),
-        ttft_ms=m.describe(m.ttft_ms(df), scratch=True),
+        counts=done["counts"],
+        ttft_ms=done["ttft"],
         tpot_ms=tpot,
         itl_ms=itl_figures,
         itl_spread_ms=spread_figures,
         itl_coalesced_share=coalesced,
-        e2e_ms=m.describe(m.e2e_ms(df), scratch=True),
-        queued_ttft_ms=m.describe(m.queued_ttft_ms(df), scratch=True),
-        queued_e2e_ms=m.describe(m.queued_e2e_ms(df), scratch=True),
-        steady_state=steady_state(df, seed=run.meta.seed),
+        e2e_ms=done["e2e"],
+        queued_ttft_ms=done["queued_ttft"],
+        queued_e2e_ms=done["queued_e2e"],
+        steady_state=done["steady"],
         # = m.interactivity_tok_s(df), from the TPOT percentiles already computed.
         interactivity_tok_s=Interactivity(p50=_per_s(tpot.p50), p90=_per_s(tpot.p90)),
-        e2e_norm_interactivity_tok_s=m.e2e_norm_interactivity_tok_s(df),
-        throughput_tok_s=m.throughput_tok_s(df, gpus),
-        dispatch_lag_ms=DispatchLag(
-            mean=float(lag.mean()) if lag.size else math.nan,
-            p50=lag_p50,
-            p99=lag_p99,
+        e2e_norm_interactivity_tok_s=done["e2e_norm"],
+        throughput_tok_s=done["throughput"],
+        dispatch_lag_ms=done["lag"],
+        cache_hit_rate=dataclasses.replace(
+            rates, server=done["server_hit"], ideal=done["ideal_hit"]
         ),
-        cache_hit_rate=rates,
-        cache_misses=misses,
-        session_trees=_trees(df),
+        cache_misses=done["misses"],
+        session_trees=done["trees"],
         by_turn=turn,
         by_depth=depth,
         goodput=m.goodput(df, slo) if slo is not None else None,
         gpus=gpus,
-        client_check=_client_check(run),
-        validity=verdict(df, run.meta, block_ideal=block_ideal_hit_rate(df, tolerance)),
+        client_check=done["client"],
+        validity=dataclasses.replace(validity, block_ideal=done["block_ideal"]),
     )
+
+
+def _lag(df: pd.DataFrame) -> DispatchLag:
+    lag = m.dispatch_lag_ms(df)
+    p50, p99 = m.percentiles(lag, [50, 99])
+    return DispatchLag(
+        mean=float(lag.mean()) if lag.size else math.nan, p50=p50, p99=p99
+    )
+
+
+# Peak working memory of each part of :func:`summarize` beside the frame, bytes a
+# row (tracemalloc at 10M bench rows, rounded up), and what the parts running at
+# once may hold together: with the ~105-byte-a-row compact frame and the
+# interpreter, about 2 GiB at 10M rows.
+PART_BYTES = {
+    "itl": 72,  # = WORKING_BYTES: alone (its two describes run side by side)
+    "trees": 50,
+    "depth": 42,
+    "misses": 34,
+    "steady": 34,
+    "client": 34,
+    "block_ideal": 32,
+    "validity": 32,
+    "e2e_norm": 17,
+    "throughput": 17,
+    "lag": 17,
+    "tpot": 16,
+    "ttft": 16,
+    "e2e": 16,
+    "queued_ttft": 16,
+    "queued_e2e": 16,
+    "counts": 9,
+    "server_hit": 31,
+    "ideal_hit": 31,
+}
+WORKING_BYTES = 72
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def run_within(
+    jobs: Sequence[tuple[float, Callable[[], Any]]],
+    *,
+    budget: float,
+    workers: int | None = None,
+) -> list[Any]:
+    """Each job's result, in order: ``jobs`` are (working memory, function), run
+    on up to ``workers`` threads (default: two, or one on one core). A job starts
+    only when its memory and that of the jobs running fit ``budget`` (alone it
+    always runs); of those waiting, the first that fits goes next. The first
+    error is raised once the jobs running have ended; no job starts after it."""
+    workers = workers or min(2, _cores())
+    results: list[Any] = [None] * len(jobs)
+    waiting = list(range(len(jobs)))
+    errors: list[BaseException] = []
+    running = [0, 0.0]  # jobs, their memory
+    turn = threading.Condition()
+
+    def work() -> None:
+        while True:
+            with turn:
+                while True:
+                    if errors or not waiting:
+                        return
+                    pick = next(
+                        (i for i in waiting
+                         if not running[0] or running[1] + jobs[i][0] <= budget),
+                        None,
+                    )  # fmt: skip
+                    if pick is not None:
+                        break
+                    turn.wait()
+                waiting.remove(pick)
+                running[0] += 1
+                running[1] += jobs[pick][0]
+            try:
+                results[pick] = jobs[pick][1]()
+            except BaseException as exc:  # raised below, once the others end
+                with turn:
+                    errors.append(exc)
+            finally:
+                with turn:
+                    running[0] -= 1
+                    running[1] -= jobs[pick][0]
+                    turn.notify_all()
+
+    helpers = [threading.Thread(target=work) for _ in range(workers - 1)]
+    for t in helpers:
+        t.start()
+    try:
+        work()
+    except BaseException as exc:  # Ctrl-C while waiting: the helpers stop too
+        with turn:
+            errors.append(exc)
+            turn.notify_all()
+    for t in helpers:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results

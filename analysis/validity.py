@@ -54,8 +54,8 @@ def block_ideal_hit_rate(df: pd.DataFrame, block_tokens: int | None) -> float:
     if not block_tokens:
         return math.nan
     keep = m.measured_ok(df)
-    prompt = m.server_prompt(df)[keep]
-    hits = m.column(df, "ideal_cached_tokens")[keep]  # a copy: worked in place
+    prompt = m.server_prompt(df, keep)
+    hits = m.kept_column(df, "ideal_cached_tokens", keep)  # a copy: worked in place
     np.minimum(hits, prompt - 1, out=hits)
     np.maximum(hits, 0, out=hits)
     np.divide(hits, block_tokens, out=hits)
@@ -78,7 +78,7 @@ def live_drift(df: pd.DataFrame) -> LiveDrift | None:
     if not keep.any():
         return None
     d = drift[keep]
-    recorded = m.column(df, "prompt_tokens")[keep] - d
+    recorded = m.kept_column(df, "prompt_tokens", keep) - d
     return LiveDrift(
         requests=int(keep.sum()),
         mean_tokens=float(d.mean()),
@@ -100,7 +100,7 @@ def window(df: pd.DataFrame, meta: RunMeta) -> ValidityWindow:
     else:
         length = None
     measured = ~m.is_warmup(df) & m.has_status(df, "ok", *FAILED_STATUSES)
-    ends = m.column(df, "end_ns")[measured]
+    ends = m.kept_column(df, "end_ns", measured)
     ends = ends[~np.isnan(ends)]
     last_end = float(ends.max()) / 1e9 if ends.size else math.nan
     if length is None:
@@ -119,9 +119,9 @@ def _last_observation_s(df: pd.DataFrame, rows: npt.NDArray[np.bool_]) -> float:
     """The latest TTFT or ITL observation among ``rows``, s from the run's start: a
     first token, or the end of an ok stream of two tokens or more (its last chunk).
     A mask, not a row copy: copying the frame costs seconds at 10M rows."""
-    first = m.column(df, "first_token_ns")[rows]
+    first = m.kept_column(df, "first_token_ns", rows)
     streamed = (m.has_status(df, "ok") & (m.column(df, "output_tokens") >= 2))[rows]
-    last = np.where(streamed, m.column(df, "end_ns")[rows], first)
+    last = np.where(streamed, m.kept_column(df, "end_ns", rows), first)
     return float(np.nanmax(last)) / 1e9 if np.isfinite(last).any() else math.nan
 
 
