@@ -735,7 +735,9 @@ def calibrate(
     from scipy.optimize import least_squares
 
     say = progress or (lambda _m: None)
-    runs = load_live_runs(paths)
+    # In one order whatever the order given: the budget-bound refinement follows
+    # one path of finite-difference steps, and the same runs give the same model.
+    runs = load_live_runs(sorted(paths, key=lambda p: str(Path(p).resolve())))
     shape, sources = cache_shape_of(runs, flags)
     server = server_info(runs[0])
     samples = [step_samples(r.requests, shape.max_num_batched_tokens) for r in runs]

@@ -24,10 +24,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 # Fitted on a light level and one past the knee, so the fit sees both cheap (cached)
 # and full prefills; predicted between them: a light level and one past the knee.
-# vLLM v1 preempts rarely here (admission stops with a prompt's worth of blocks free,
-# which decode growth seldom uses up): 0-4 times in 30 s at 10-24 lanes on this
-# machine, and 12 lanes preempted in each run measured, 10 in none; trained at 10
-# lanes instead of 14, the model ran 19-34% short at 12 (extrapolated).
+# vLLM v1 preempts rarely here (it admits a request only when its whole prompt
+# fits, scheduler_reserve_full_isl, and decode growth seldom uses up the rest): 0-4
+# times in 30 s at 10-24 lanes on this machine, and 12 lanes preempted in each run
+# measured, 10 in none.
 TRAIN = (2, 14)
 HOLDOUT = (4, 12)
 REPEATS = 2
@@ -96,12 +96,11 @@ def test_vllm_calibration_predicts_held_out_levels(
     assert doc["cache"]["block_size"] == 32
 
     # Asserted: the hit within the issue's 3 points at both levels; P90 TTFT and E2E
-    # within a guard (40% past the knee, 50% at the light level, or the spread where
+    # within a guard (30% past the knee, 50% at the light level, or the spread where
     # larger) against a model gone wrong. Whether the issue's 20% bar held is reported
-    # with the figures (bar_met), not asserted: the model runs short on the TTFT tail
-    # past the knee (12 lanes' P90 TTFT -17% to -34% over four runs on 2026-12-05, one
-    # of them trained at 2 and 14 lanes: -23.5%), so the bar is not met reliably there.
-    # docs/engine-model.md has the figures.
+    # with the figures (bar_met), not asserted: on a shared 2-core machine the light
+    # level's TTFT tail moves with the load beside the engine (its two runs 7-34%
+    # apart). docs/engine-model.md has the figures.
     failures = []
     for held, c in zip(doc["holdout"], HOLDOUT, strict=True):
         assert held["label"] == f"concurrency {c}"
@@ -111,7 +110,7 @@ def test_vllm_calibration_predicts_held_out_levels(
             f = figs[name]
             spread = f["spread"] or 0.0
             bar_met[name] = abs(f["error"]) <= max(0.20, spread)
-            guard = 0.40 if c == HOLDOUT[-1] else 0.50
+            guard = 0.30 if c == HOLDOUT[-1] else 0.50
             if abs(f["error"]) > max(guard, spread):
                 failures.append(f"c{c} {name} {f['error']:+.1%} (spread {spread:.0%})")
         hit = figs["hit_rate"]

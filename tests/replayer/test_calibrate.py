@@ -140,6 +140,12 @@ def test_calibrate_recovers_hidden_truth_and_predicts_other_levels(
     assert refined.exit_code == 0, refined.output
     doc = json.loads(refined.stdout)
     assert 2 <= doc["refine_evaluations"] <= 8
+    # The same runs in another order: the same model.
+    swapped = _invoke(
+        ["calibrate", *reversed(train), "-o", str(tmp_path / "S.json"),
+         "--refine-evals", "8", "--json"]
+    )  # fmt: skip
+    assert json.loads(swapped.stdout)["steps"] == doc["steps"]
     for name, truth in TRUTH.items():
         assert doc["steps"][name] == pytest.approx(truth, rel=0.25), name
     # A repeat of a held-out level: its runs are one setting, with their spread.
