@@ -13,6 +13,7 @@ import click
 
 from replayer.cli.errors import errors_as_messages
 from replayer.cli.params import BLOCK_TOKENS, count
+from replayer.sim.config import POLICIES
 
 if TYPE_CHECKING:
     from replayer.studies.calibrate import Calibration, HoldoutSetting
@@ -151,7 +152,7 @@ def format_calibration(cal: Calibration, out: Path) -> str:
 )
 @click.option(
     "--policy",
-    type=click.Choice(["vllm", "vllm-chunk", "reserve"]),
+    type=click.Choice(POLICIES),
     help="The server's admission: 'vllm' (a request waits until its whole prompt "
     "fits: vLLM's default scheduler_reserve_full_isl), 'vllm-chunk' (admitted on "
     "its first chunk: vLLM with --no-scheduler-reserve-full-isl). Default: the "
