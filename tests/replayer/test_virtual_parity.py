@@ -99,10 +99,13 @@ def test_live_and_virtual_agree(trace: Path, tmp_path: Path, lanes: int) -> None
     )
     # Exact at one lane. With more, a live request that reaches the server within
     # the live path's own few ms of a step boundary can land one step from where
-    # the virtual one does; at the KV's knee that moves an eviction. On a quiet
-    # machine none did (c8 and c16 exact); on a loaded one a few percent can.
-    allowed = 0 if lanes == 1 else len(both) // 25
+    # the virtual one does; at the KV's knee that moves an eviction. At 8 lanes
+    # none of 128 did on a quiet machine, 2 beside three CPU burners, and 10 (8%)
+    # on a loaded CI host, while the hit rates stayed 0.2 points apart. So past one
+    # lane: at most a tenth of the requests, and the hit rates within a point.
+    allowed = 0 if lanes == 1 else len(both) // 10
     assert len(differ) <= allowed, said
+    assert hit["virtual"] == pytest.approx(hit["live"], abs=0.01), said
     for column in ("ttft_ns", "e2e_ns"):
         measured, predicted = _p90(live, column), _p90(virtual, column)
         said += f"; P90 {column} live {measured / 1e6:.1f} ms"
