@@ -8,8 +8,9 @@ import contextlib
 import math
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -98,6 +99,10 @@ class Figures:
     output_tok_s: float
     hit_rate: float
     ok: int
+    # The log standard error of each P50/P90 latency (``flat()``'s names), from its
+    # seeded bootstrap interval: how tightly the run's requests pin it. Measured
+    # runs only (empty for predictions).
+    log_se: dict[str, float] = field(default_factory=dict)
 
     def flat(self) -> dict[str, float]:
         """``{"ttft_p90_ms": ..., "output_tok_s": ..., "hit_rate": ...}``."""
@@ -557,20 +562,34 @@ def fit_steps(samples: StepSamples) -> tuple[dict[str, float], float]:
 # -- replaying a live run's settings in virtual time -----------------------------
 
 
-def figures_of(df: pd.DataFrame) -> Figures:
-    """A run's figures, by ``analysis``' own definitions (ok, measured rows)."""
+def figures_of(df: pd.DataFrame, *, spread: bool = False) -> Figures:
+    """A run's figures, by ``analysis``' own definitions (ok, measured rows).
+    ``spread``: with each fitted percentile's log standard error (``log_se``)."""
     from analysis import metrics as m
+    from analysis.steady import CONFIDENCE, percentile_ci
 
-    def quantiles(values: FloatArray) -> dict[int, float]:
-        return {q: m.percentile(values, q) for q in QUANTILES}
+    z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
+    log_se: dict[str, float] = {}
+
+    def quantiles(name: str, values: FloatArray) -> dict[int, float]:
+        out = {q: m.percentile(values, q) for q in QUANTILES}
+        if spread:
+            fitted = [q for q in QUANTILES if q in _FIT_QUANTILES]
+            for q, (_p, lo, hi) in zip(
+                fitted, percentile_ci(values, fitted), strict=True
+            ):
+                se = math.log(hi / lo) / (2 * z) if lo > 0 and hi > 0 else math.nan
+                log_se[f"{name.removesuffix('_ms')}_p{q}_ms"] = se
+        return out
 
     return Figures(
-        ttft_ms=quantiles(m.ttft_ms(df)),
-        tpot_ms=quantiles(m.tpot_ms(df)),
-        e2e_ms=quantiles(m.e2e_ms(df)),
+        ttft_ms=quantiles("ttft_ms", m.ttft_ms(df)),
+        tpot_ms=quantiles("tpot_ms", m.tpot_ms(df)),
+        e2e_ms=quantiles("e2e_ms", m.e2e_ms(df)),
         output_tok_s=m.throughput_tok_s(df).output,
         hit_rate=m.server_hit_rate(df),
         ok=int(m.measured_ok(df).sum()),
+        log_se=log_se,
     )
 
 
@@ -646,7 +665,7 @@ def replayable(run: Run) -> Replayable:
         path=run.path,
         trace=trace,
         config=config,
-        measured=figures_of(run.requests),
+        measured=figures_of(run.requests, spread=True),
         settings=(
             *sorted((k, repr(v)) for k, v in settings.items()),
             ("trace", str(meta.trace.content_hash)),
@@ -672,13 +691,17 @@ def predict(item: Replayable, model: EngineModel, workdir: Path) -> Figures:
 
 # Figures the refinement matches (log of predicted / measured, each run): the
 # middle and the tail of every latency, not the P99 of a short run (one request).
+_FIT_QUANTILES = (50, 90)
 _FIT_FIGURES = tuple(
-    f"{n.removesuffix('_ms')}_p{q}_ms" for n in LATENCIES for q in (50, 90)
+    f"{n.removesuffix('_ms')}_p{q}_ms" for n in LATENCIES for q in _FIT_QUANTILES
 )
 _PRIOR = (
     0.1  # a term's refinement is held to ~10% of the step fit unless the runs insist
 )
-_FIG_SCALE = 0.1  # a 10% miss on a figure weighs as much as a 10% move of a term
+# A 10% miss on a figure weighs as much as a 10% move of a term; a figure its run
+# pins less tightly (a P90 of 40 requests, log standard error above 10%) weighs less,
+# so the refinement does not move the terms to fit a short run's noise.
+_FIG_SCALE = 0.1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -706,7 +729,9 @@ def _log_misses(pred: Figures, meas: Figures) -> list[float]:
     out = []
     for name in _FIT_FIGURES:
         if b[name] > 0 and a[name] > 0 and math.isfinite(a[name] + b[name]):
-            out.append(math.log(a[name] / b[name]) / _FIG_SCALE)
+            se = meas.log_se.get(name, math.nan)
+            scale = max(_FIG_SCALE, se) if math.isfinite(se) else _FIG_SCALE
+            out.append(math.log(a[name] / b[name]) / scale)
         else:
             out.append(0.0)
     return out

@@ -4,19 +4,23 @@ concurrency levels, and three others (one oversubscribing its KV) are predicted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import shlex
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
 
+from analysis.load import load_run
 from replayer.cli import main
 from replayer.records.engine_model import EngineModel, StepTerms, read_engine_model
-from replayer.studies.calibrate import holdout
+from replayer.studies.calibrate import Figures, _log_misses, figures_of, holdout
 from tests.builders import weka_cut
 
 # The hidden truth: every step term away from its default.
@@ -131,7 +135,10 @@ def test_calibrate_recovers_hidden_truth_and_predicts_other_levels(
 
     # The refinement on the runs' own figures keeps to its replay budget, and near
     # the truth: it may move a term by its 10% prior's width and more where the
-    # short runs' TTFT percentiles pull (measured: prefill once +12%), not beyond.
+    # short runs' percentiles pull, not beyond. The live rows carry the host's own
+    # stalls, which the refinement is there to absorb: on eight pairs of these runs
+    # made beside three CPU burners the worst term was 8.8-27.5% off (median 16%);
+    # a loaded CI host once put GPU hit cost 30% off.
     train = [str(live_runs[c]) for c in TRAIN]
     refined = _invoke(
         ["calibrate", *train, "-o", str(tmp_path / "R.json"), "--refine-evals", "8",
@@ -147,7 +154,7 @@ def test_calibrate_recovers_hidden_truth_and_predicts_other_levels(
     )  # fmt: skip
     assert json.loads(swapped.stdout)["steps"] == doc["steps"]
     for name, truth in TRUTH.items():
-        assert doc["steps"][name] == pytest.approx(truth, rel=0.25), name
+        assert doc["steps"][name] == pytest.approx(truth, rel=0.40), name
     # A repeat of a held-out level: its runs are one setting, with their spread.
     text = _invoke([*args, "--holdout", str(live_runs[-REPEAT])])
     assert text.exit_code == 0, text.output
@@ -268,3 +275,29 @@ def test_policy_flag_wins_over_the_runs(live_runs: dict[int, Path]) -> None:
     assert "policy: flag" in sources
     shape, sources = cache_shape_of(runs, ShapeFlags())
     assert shape.policy == "vllm"
+
+
+def test_refinement_weighs_a_figure_by_how_tightly_its_run_pins_it(
+    live_runs: dict[int, Path],
+) -> None:
+    """A P90 read off 28 requests is loose (its bootstrap interval is wide): a miss
+    on it pulls the terms less than the same miss on a run 20 times its size."""
+    small = load_run(live_runs[2]).requests
+    big = pd.concat([small] * 20, ignore_index=True)
+    loose, tight = figures_of(small, spread=True), figures_of(big, spread=True)
+    # Near the same percentiles (numpy's interpolation between repeats differs).
+    assert tight.ttft_ms[90] == pytest.approx(loose.ttft_ms[90], rel=0.1)
+    name = "ttft_p90_ms"
+    assert loose.log_se[name] > 0.1  # measured: 0.27
+    assert tight.log_se[name] < loose.log_se[name] / 3
+    assert figures_of(small).log_se == {}  # predictions carry none
+    i = [f"{n}_p{q}_ms" for n in ("ttft", "tpot", "e2e") for q in (50, 90)].index(name)
+
+    def misses(meas: Figures) -> list[float]:
+        # A prediction 30% over on that figure alone.
+        ttft = {**meas.ttft_ms, 90: meas.ttft_ms[90] * 1.3}
+        return _log_misses(dataclasses.replace(meas, ttft_ms=ttft, log_se={}), meas)
+
+    assert misses(loose)[i] == pytest.approx(math.log(1.3) / loose.log_se[name])
+    assert misses(tight)[i] == pytest.approx(math.log(1.3) / 0.1)  # the floor: 10%
+    assert sum(abs(r) for r in misses(loose)) == pytest.approx(misses(loose)[i])
