@@ -125,7 +125,7 @@ def request_body(endpoint: EndpointConfig) -> Callable[[bytes, int], bytes]:
         if vllm_extras:
             # Output lengths must match the trace: no early EOS.
             tail += b',"ignore_eos":true,"min_tokens":%d' % max_tokens
-        return head + fragment + tail + b"}"
+        return b"".join((head, fragment, tail, b"}"))  # one copy of the prompt
 
     return body
 

@@ -18,6 +18,7 @@ from traces.textrule import chat_to_token_ids
 
 _OPEN = b'"prompt":['
 _COMMA = ord(",")
+_ID_BYTES = b"0123456789,"
 # Prompts whose first bytes agree are compared in full: a tree's sessions share them.
 _KEY_BYTES = 512
 _PER_KEY = 4  # recent prompts kept per key (a root and its subagents interleave)
@@ -99,11 +100,14 @@ class PromptHashes:
             parent = int(old[-1])
         else:
             old, old_ends, tail_at, parent = _NONE, _NONE, 0, 0
+        raw = body[start + tail_at : end]
         try:
-            tail = orjson.loads(b"[" + body[start + tail_at : end] + b"]")
+            tail = orjson.loads(b"[" + raw + b"]")
         except orjson.JSONDecodeError:
             return None
-        if set(map(type, tail)) != {int} or min(tail) < 0:
+        # Digits and commas only (checked in C): every id is an int >= 0.
+        plain = bool(raw) and not raw.translate(None, _ID_BYTES)
+        if not plain and (set(map(type, tail)) != {int} or min(tail) < 0):
             raise ApiError(400, "token ids in 'prompt' must be integers >= 0")
         new = block_hashes(tail, bs, parent)
         hashes, ends = old, old_ends
