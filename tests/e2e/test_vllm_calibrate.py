@@ -30,7 +30,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 # measured, 10 in none.
 TRAIN = (2, 14)
 HOLDOUT = (4, 12)
-REPEATS = 2
 SETTINGS = (
     "--api", "completions", "--engine", "vllm", "--block-tokens", "2",
     "--max-input-tokens", "3000", "--think-scale", "0.01", "--think-cap", "0.1",
@@ -65,15 +64,17 @@ def test_vllm_calibration_predicts_held_out_levels(
     vllm_kv: Engine, sessions: Path, tmp_path: Path
 ) -> None:
     runs: dict[int, list[Path]] = {}
-    for c in (*TRAIN, *HOLDOUT):
-        for k in range(1 if c in TRAIN else REPEATS):
-            out = tmp_path / f"c{c}-{k}"
-            run = replay(
-                vllm_kv.url, vllm_kv.model, sessions, out,
-                "--concurrency", str(c), *SETTINGS,
-            )  # fmt: skip
-            assert (run.rows["status"] == "ok").all()
-            runs.setdefault(c, []).append(out)
+    # Interleaved (c2, c4, c12, c14, c4, c12): a shared machine's load drifts over
+    # the minutes of the runs, and held-out runs made after all the fitted ones
+    # measured that drift as model error (every figure 14-21% slow in one CI run).
+    for c in (TRAIN[0], *HOLDOUT, TRAIN[1], *HOLDOUT):
+        out = tmp_path / f"c{c}-{len(runs.get(c, []))}"
+        run = replay(
+            vllm_kv.url, vllm_kv.model, sessions, out,
+            "--concurrency", str(c), *SETTINGS,
+        )  # fmt: skip
+        assert (run.rows["status"] == "ok").all()
+        runs.setdefault(c, []).append(out)
     preempted = {c: [_preempted(d) for d in runs[c]] for c in HOLDOUT}
     assert any(v > 0 for vs in preempted.values() for v in vs), preempted
 
