@@ -88,7 +88,6 @@ def benchmark_report(run: Run, summary: Summary) -> dict[str, Any]:
     df = m.numeric_view(run.requests)
     ok = m.measured_ok(df)
     recorded = meta.config.recorded  # the effective config as run.json holds it
-    sched = recorded.get("schedule") or {}
     config_id = hashlib.sha256(
         json.dumps(recorded, sort_keys=True, default=str).encode()
     ).hexdigest()[:32]
@@ -103,8 +102,8 @@ def benchmark_report(run: Run, summary: Summary) -> dict[str, Any]:
             or {"distribution": "other", "value": 1},
             "output_seq_len": _lengths(m.column(df, "requested_output_tokens")[ok]),
             "multi_turn": {"enabled": True},
-            "concurrency": sched.get("concurrency")
-            if sched.get("kind") == "concurrency"
+            "concurrency": meta.mode.concurrency
+            if meta.mode.kind == "concurrency"
             else None,
         }
     )

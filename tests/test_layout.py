@@ -239,8 +239,9 @@ def test_layout_request_path_never_imports_the_sim() -> None:
 
 # The typed documents (DESIGN.md: "typed run.json ... no dict[str, Any] but labels"):
 # each root and every dataclass its fields name, in these modules. Exempt: free-form
-# labels; RunMeta's ``extra`` (keys a newer version wrote) and the JSON a run's
-# config was recorded as (written back as read; readers use its typed ReplayConfig).
+# labels. RunMeta's ``extra`` (keys a newer version wrote) and the JSON a run's
+# config was recorded as (written back as read; readers use its typed ReplayConfig)
+# are JSON values (``Json``), not ``Any``.
 _TYPED_MODULES = (
     "replayer/records/meta.py",
     "replayer/records/capacity.py",
@@ -250,7 +251,7 @@ _TYPED_MODULES = (
     "analysis/summary.py",
 )
 _TYPED_ROOTS = ("RunMeta", "Summary", "CapacityDoc")
-_UNTYPED_FIELDS = {"labels", "RunMeta.extra", "RecordedConfig.recorded"}
+_UNTYPED_FIELDS = {"labels"}
 
 
 def _field_annotations() -> dict[str, dict[str, str]]:

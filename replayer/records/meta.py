@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy.typing as npt
 import pyarrow as pa
@@ -16,6 +16,10 @@ from replayer.records.engine_model import EngineModel
 from replayer.records.rows import FAILED_STATUSES
 from replayer.sim.config import SimConfig
 from traces.stats import steady_span
+
+# A JSON value as read from run.json: what a part holds whose keys this version does
+# not define (another version's keys; the config object as it was recorded).
+Json: TypeAlias = "bool | int | float | str | list[Json] | dict[str, Json] | None"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -551,7 +555,7 @@ class RecordedConfig:
 
     replay: ReplayConfig | None = None
     api_key_set: bool = False  # an API key was sent (never the key itself)
-    recorded: dict[str, Any] = field(default_factory=dict, repr=False)
+    recorded: dict[str, Json] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, config: ReplayConfig) -> RecordedConfig:
@@ -637,7 +641,7 @@ class RunMeta:
     virtual: VirtualRecord | None = None
     ray: RayInfo | None = None  # a --ray run's cluster (written first in run.json)
     # Keys a newer version wrote that this one does not know (free-form).
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Json] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
