@@ -54,12 +54,16 @@ def _spread(unit: str, v: float | None) -> str:
 
 
 def format_holdout(settings: list[HoldoutSetting]) -> str:
-    """Per held-out setting: each figure predicted, measured, error, spread."""
+    """Per held-out setting: each figure predicted, measured, error, spread, and
+    a latency's sampling error."""
     lines: list[str] = []
     for s in settings:
         repeats = f", {len(s.runs)} repeats" if len(s.runs) > 1 else ""
         lines.append(f"holdout {s.label} ({', '.join(s.runs)}{repeats})")
-        header = ["figure", "predicted", "measured", "error", "run-to-run spread"]
+        header = [
+            "figure", "predicted", "measured", "error", "run-to-run spread",
+            "sampling (95%)",
+        ]  # fmt: skip
         rows = [
             [
                 _figure_name(f.name),
@@ -67,6 +71,7 @@ def format_holdout(settings: list[HoldoutSetting]) -> str:
                 _value(f.name, f.measured),
                 _error(f.unit, f.error),
                 _spread(f.unit, f.spread),
+                "-" if f.sampling is None else f"±{f.sampling:.1%}",
             ]
             for f in s.figures
         ]

@@ -562,9 +562,12 @@ def fit_steps(samples: StepSamples) -> tuple[dict[str, float], float]:
 # -- replaying a live run's settings in virtual time -----------------------------
 
 
+_Z95 = NormalDist().inv_cdf(0.975)
+
+
 def figures_of(df: pd.DataFrame, *, spread: bool = False) -> Figures:
     """A run's figures, by ``analysis``' own definitions (ok, measured rows).
-    ``spread``: with each fitted percentile's log standard error (``log_se``)."""
+    ``spread``: with each percentile's log standard error (``log_se``)."""
     from analysis import metrics as m
     from analysis.steady import CONFIDENCE, percentile_ci
 
@@ -574,12 +577,13 @@ def figures_of(df: pd.DataFrame, *, spread: bool = False) -> Figures:
     def quantiles(name: str, values: FloatArray) -> dict[int, float]:
         out = {q: m.percentile(values, q) for q in QUANTILES}
         if spread:
+            # The fitted ones in one call (the refinement's weights), then the rest.
             fitted = [q for q in QUANTILES if q in _FIT_QUANTILES]
-            for q, (_p, lo, hi) in zip(
-                fitted, percentile_ci(values, fitted), strict=True
-            ):
-                se = math.log(hi / lo) / (2 * z) if lo > 0 and hi > 0 else math.nan
-                log_se[f"{name.removesuffix('_ms')}_p{q}_ms"] = se
+            rest = [q for q in QUANTILES if q not in _FIT_QUANTILES]
+            for qs in (fitted, rest):
+                for q, (_p, lo, hi) in zip(qs, percentile_ci(values, qs), strict=True):
+                    se = math.log(hi / lo) / (2 * z) if lo > 0 and hi > 0 else math.nan
+                    log_se[f"{name.removesuffix('_ms')}_p{q}_ms"] = se
         return out
 
     return Figures(
@@ -910,6 +914,10 @@ class FigureError:
     # (hit rate: max - min, points); None with one run.
     spread: float | None = None
     unit: str = "relative"  # or "points"
+    # A latency percentile's own sampling error, relative: the half-width of the 95%
+    # interval of the repeats' mean, from each run's seeded bootstrap interval (as
+    # log standard errors, combined as for a mean). None for other figures.
+    sampling: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -961,8 +969,13 @@ def holdout(
     for k, items in enumerate(groups.values()):
         pred = predict(items[0], model, workdir / f"holdout-{k}").flat()
         measured = [it.measured.flat() for it in items]
+        ses = [it.measured.log_se for it in items]
         figures = []
         for name in pred:
+            sampling = None
+            if all(name in se for se in ses):
+                var = sum(se[name] ** 2 for se in ses) / len(ses) ** 2
+                sampling = _Z95 * math.sqrt(var) if math.isfinite(var) else None
             values = np.asarray([m[name] for m in measured], dtype=np.float64)
             mean = float(np.mean(values))
             points = name == "hit_rate"
@@ -984,6 +997,7 @@ def holdout(
                     error=error,
                     spread=spread,
                     unit="points" if points else "relative",
+                    sampling=sampling,
                 )
             )
         out.append(

@@ -126,7 +126,7 @@ def test_vllm_calibration_predicts_held_out_levels(
             **{
                 name: {
                     k: figs[name][k]
-                    for k in ("predicted", "measured", "error", "spread")
+                    for k in ("predicted", "measured", "error", "spread", "sampling")
                 }
                 for name in ("ttft_p90_ms", "e2e_p90_ms", "output_tok_s", "hit_rate")
             },

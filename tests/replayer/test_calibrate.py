@@ -167,6 +167,19 @@ def test_calibrate_recovers_hidden_truth_and_predicts_other_levels(
     (group,) = [h for h in again if h["label"] == f"concurrency {REPEAT}"]
     assert len(group["runs"]) == 2
     assert all(f["spread"] is not None for f in group["figures"].values())
+    # Each latency percentile's own sampling error (its bootstrap interval); the
+    # repeats' mean is pinned tighter than either run alone.
+    sampling = {k: f["sampling"] for k, f in group["figures"].items()}
+    assert sampling["output_tok_s"] is None
+    assert sampling["hit_rate"] is None
+    latencies = {k: v for k, v in sampling.items() if k.endswith("_ms")}
+    assert len(latencies) == 9
+    assert all(0 < v < 2 for v in latencies.values())
+    first = json.loads(result.stdout)["holdout"]  # one run of that level
+    (alone,) = [h for h in first if h["label"] == f"concurrency {REPEAT}"]
+    e2e = alone["figures"]["e2e_p90_ms"]["sampling"]
+    assert group["figures"]["e2e_p90_ms"]["sampling"] < e2e
+    assert "sampling (95%)" in text.stdout
     assert len(again) == len(HOLDOUT)
 
 
