@@ -78,11 +78,13 @@ def test_vllm_calibration_predicts_held_out_levels(
     preempted = {c: [_preempted(d) for d in runs[c]] for c in HOLDOUT}
     assert any(v > 0 for vs in preempted.values() for v in vs), preempted
 
+    # The step fit alone, calibrate's default: on the two saved sets of these runs
+    # it was as close or closer than --refine-evals 16 at its worst figure (12.5%
+    # and 16.8% against 26.1% and 16.7%; RESULTS.md).
     engine = tmp_path / "ENGINE.json"
     cmd = [
         sys.executable, "-m", "replayer", "calibrate",
-        *(str(runs[c][0]) for c in TRAIN), "-o", str(engine),
-        "--refine-evals", "16", *SERVER,
+        *(str(runs[c][0]) for c in TRAIN), "-o", str(engine), *SERVER,
         *(a for c in HOLDOUT for d in runs[c] for a in ("--holdout", str(d))),
     ]  # fmt: skip
     done = subprocess.run(
