@@ -97,15 +97,15 @@ def _dumps_ids(ids: npt.NDArray[np.int64]) -> bytes:
 
 
 def _key(*parts: str | int) -> int:
-    h = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8)
-    return int.from_bytes(h.digest(), "little")
+    """A 64-bit seed of ``parts`` (blake2b of their text, unit-separator joined)."""
+    (key,) = _keys(parts[:-1], [parts[-1]])
+    return key
 
 
-def _keys(head: tuple[str | int, ...], last: list[int]) -> list[int]:
+def _keys(head: tuple[str | int, ...], last: Sequence[str | int]) -> list[int]:
     """``[_key(*head, x) for x in last]``, hashing ``head`` once."""
-    base = hashlib.blake2b(
-        ("\x1f".join(map(str, head)) + "\x1f").encode(), digest_size=8
-    )
+    prefix = "".join(f"{part}\x1f" for part in head)
+    base = hashlib.blake2b(prefix.encode(), digest_size=8)
     out = []
     for x in last:
         h = base.copy()

@@ -562,28 +562,26 @@ def fit_steps(samples: StepSamples) -> tuple[dict[str, float], float]:
 # -- replaying a live run's settings in virtual time -----------------------------
 
 
-_Z95 = NormalDist().inv_cdf(0.975)
+# The intervals behind ``Figures.log_se`` and ``FigureError.sampling``: 95%.
+_CONFIDENCE = 0.95
+_Z = NormalDist().inv_cdf(0.5 + _CONFIDENCE / 2)
 
 
 def figures_of(df: pd.DataFrame, *, spread: bool = False) -> Figures:
     """A run's figures, by ``analysis``' own definitions (ok, measured rows).
     ``spread``: with each percentile's log standard error (``log_se``)."""
     from analysis import metrics as m
-    from analysis.steady import CONFIDENCE, percentile_ci
+    from analysis.steady import percentile_ci
 
-    z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
     log_se: dict[str, float] = {}
 
     def quantiles(name: str, values: FloatArray) -> dict[int, float]:
         out = {q: m.percentile(values, q) for q in QUANTILES}
         if spread:
-            # The fitted ones in one call (the refinement's weights), then the rest.
-            fitted = [q for q in QUANTILES if q in _FIT_QUANTILES]
-            rest = [q for q in QUANTILES if q not in _FIT_QUANTILES]
-            for qs in (fitted, rest):
-                for q, (_p, lo, hi) in zip(qs, percentile_ci(values, qs), strict=True):
-                    se = math.log(hi / lo) / (2 * z) if lo > 0 and hi > 0 else math.nan
-                    log_se[f"{name.removesuffix('_ms')}_p{q}_ms"] = se
+            cis = percentile_ci(values, QUANTILES, confidence=_CONFIDENCE)
+            for q, (_p, lo, hi) in zip(QUANTILES, cis, strict=True):
+                se = math.log(hi / lo) / (2 * _Z) if lo > 0 and hi > 0 else math.nan
+                log_se[f"{name.removesuffix('_ms')}_p{q}_ms"] = se
         return out
 
     return Figures(
@@ -975,7 +973,7 @@ def holdout(
             sampling = None
             if all(name in se for se in ses):
                 var = sum(se[name] ** 2 for se in ses) / len(ses) ** 2
-                sampling = _Z95 * math.sqrt(var) if math.isfinite(var) else None
+                sampling = _Z * math.sqrt(var) if math.isfinite(var) else None
             values = np.asarray([m[name] for m in measured], dtype=np.float64)
             mean = float(np.mean(values))
             points = name == "hit_rate"
