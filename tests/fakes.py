@@ -25,6 +25,7 @@ from replayer.play.client import Outcome
 from replayer.play.progress import ReplayOutcome
 from traces.materialize import PromptConfig
 from traces.model import Trace
+from traces.textrule import chat_to_token_ids
 
 
 @dataclass
@@ -57,6 +58,12 @@ class FakeLLM:
     # token); tokens_issued: the value each request's response carried.
     token_header: str | None = None
     tokens_issued: list[str | None] = field(default_factory=list)
+    # Listed in /v1/models; prompt + max_tokens past it is vLLM's 400.
+    max_model_len: int | None = None
+    # A chat template's tokens on top of the shared text rule's count of the messages
+    # (what usage.prompt_tokens then reports): base + per message.
+    template_base: int = 0
+    template_per_message: int = 0
     active: int = 0
     max_active: int = 0
     requests: int = 0
@@ -72,7 +79,21 @@ def make_fake_llm_app(fake: FakeLLM) -> web.Application:
     """The aiohttp application serving ``fake``."""
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "fake-model"}]})
+        model: dict[str, Any] = {"id": "fake-model"}
+        if fake.max_model_len is not None:
+            model["max_model_len"] = fake.max_model_len
+        return web.json_response({"object": "list", "data": [model]})
+
+    def prompt_tokens(body: dict[str, Any]) -> int:
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            return (
+                len(chat_to_token_ids(messages))
+                + fake.template_base
+                + fake.template_per_message * len(messages)
+            )
+        prompt = body.get("prompt")
+        return len(prompt) if isinstance(prompt, list) else 1
 
     async def complete(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -90,6 +111,16 @@ def make_fake_llm_app(fake: FakeLLM) -> web.Application:
         fake.tokens_issued.append(token)
         loop = asyncio.get_running_loop()
         started = loop.time()
+        n_prompt = prompt_tokens(body)
+        if (
+            fake.max_model_len is not None
+            and n_prompt + int(body.get("max_tokens", 1)) > fake.max_model_len
+        ):
+            return web.json_response(
+                {"error": {"message": "maximum context length", "code": 400}},
+                status=400,
+                headers=extra,
+            )
         if fake.requests <= fake.fail_first or fake.status != 200:
             status = fake.status if fake.status != 200 else 500
             return web.json_response(
@@ -100,7 +131,7 @@ def make_fake_llm_app(fake: FakeLLM) -> web.Application:
         fake.active += 1
         fake.max_active = max(fake.max_active, fake.active)
         try:
-            return await _stream(request, body, started, extra)
+            return await _stream(request, body, started, extra, n_prompt)
         finally:
             fake.active -= 1
             fake.log.append((str(body.get("user", "")), started, loop.time()))
@@ -110,6 +141,7 @@ def make_fake_llm_app(fake: FakeLLM) -> web.Application:
         body: dict[str, Any],
         started: float,
         extra: dict[str, str],
+        n_prompt: int,
     ) -> web.StreamResponse:
         chat = request.path.endswith("/chat/completions")
         n = fake.tokens if fake.tokens is not None else int(body.get("max_tokens", 1))
@@ -155,8 +187,6 @@ def make_fake_llm_app(fake: FakeLLM) -> web.Application:
             if sent < n:
                 await asyncio.sleep(fake.itl_s)
         if fake.usage:
-            prompt = body.get("prompt")
-            n_prompt = len(prompt) if isinstance(prompt, list) else 1
             usage: dict[str, Any] = {
                 "prompt_tokens": n_prompt,
                 "completion_tokens": n,
@@ -265,6 +295,12 @@ class FakeChatClient:
     models: list[str] = field(default_factory=lambda: ["fake-model"])
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)  # extra, per request
+    # Listed in /v1/models; prompt + max_tokens past it is vLLM's 400.
+    max_model_len: int | None = None
+    # A chat template's tokens on top of the shared text rule's count of the messages
+    # (what usage.prompt_tokens then reports): base + per message.
+    template_base: int = 0
+    template_per_message: int = 0
     active: int = 0
     max_active: int = 0
 

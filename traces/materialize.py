@@ -79,6 +79,7 @@ class Prompt:
     # Live assistant turns: tokens sent minus those the recorded replies would have
     # taken (0 when the history is the trace's).
     drift_tokens: int = 0
+    messages: int = 0  # chat: the messages sent (a server's template adds to each)
 
 
 def _splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -453,6 +454,7 @@ class Materializer:
             blocks=n_full,
             block_tokens=bt,
             drift_tokens=drift,
+            messages=len(messages),
         )
 
     def _chat_cuts(

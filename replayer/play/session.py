@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from replayer.play.phase import IdleSkip, StopControl
     from replayer.play.progress import RunCounters
     from replayer.play.recorder import ParquetRecorder
+    from replayer.play.template import TemplateCost
     from traces.materialize import Materializer, Prompt, Reply
     from traces.model import Request, Session
 
@@ -75,6 +76,10 @@ class PromptBuilder:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, job)
 
+    def body(self, fragment: bytes, max_tokens: int) -> bytes:
+        """The POST body of a built prompt's ``fragment`` asking ``max_tokens``."""
+        return self._body(fragment, max_tokens)
+
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
@@ -101,6 +106,8 @@ class RunContext:
     idle: IdleSkip | None = None  # --idle-skip: whole-system idle is skipped
     watch: ServerWatch | None = None  # stops the run when the server goes away
     agent: AgentNative | None = None  # --session-routing agent-native: whose headers
+    # --fit-context clamp of chat prompts: the server's template cost, as learned.
+    template: TemplateCost | None = None
 
     def rel(self, abs_ns: int) -> int:
         return abs_ns - self.t0_ns
@@ -131,11 +138,13 @@ def request_body(endpoint: EndpointConfig) -> Callable[[bytes, int], bytes]:
 
 
 @dataclass(slots=True)
-class _Token:
-    """The latest --session-token-header value a session's responses returned
-    (event-loop owned; never recorded)."""
+class _Seen:
+    """What a session's responses told (event-loop owned): the latest
+    --session-token-header value (never recorded), and for a chat server's template
+    cost, its last (messages, server prompt tokens - ours)."""
 
-    value: str | None = None
+    token: str | None = None
+    template: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +156,7 @@ class _Place:
     parent_id: str | None
     depth: int
     replay: int
-    token: _Token = field(default_factory=_Token)
+    seen: _Seen = field(default_factory=_Seen)
 
     @property
     def namespace(self) -> str:
@@ -162,7 +171,7 @@ class _Place:
             self.session.session_id,
             self.depth + 1,
             self.replay,
-            _Token(self.token.value),
+            _Seen(self.seen.token),
         )
 
 
@@ -433,6 +442,12 @@ async def _request(
     if replies is not None:
         rec.live_drift_tokens = prompt.drift_tokens
     rec.prompt_tokens = prompt.prompt_tokens
+    messages = prompt.messages
+    template = ctx.template
+    if template is not None and messages:
+        # The chat template's tokens are the server's to add: room is left for them
+        # as its reports so far say (the count before the build had none).
+        body = _fit_template(ctx, rec, template.reserve(messages), prompt, body)
     rec.dropped_input_tokens = prompt.dropped_tokens
     rec.ideal_cached_tokens = min(rec.ideal_cached_tokens, prompt.prompt_tokens)
     # The body holds the prompt: its fragment (as large) need not live while the
@@ -455,8 +470,8 @@ async def _request(
         outcome.text = []
     headers = routing_headers(ctx, place, i)
     token_header = ctx.config.endpoint.session_token_header
-    if token_header is not None and place.token.value is not None:
-        headers = {**(headers or {}), token_header: place.token.value}
+    if token_header is not None and place.seen.token is not None:
+        headers = {**(headers or {}), token_header: place.seen.token}
         counters.session_tokens_echoed += 1
     watch = ctx.watch
     if watch is not None:
@@ -485,12 +500,32 @@ async def _request(
                 url = public_url(ctx.config.endpoint.base_url)
                 ctx.stop.fail(f"the server at {url} stopped answering: {gone}")
     if outcome.session_token is not None:
-        place.token.value = outcome.session_token
+        place.seen.token = outcome.session_token
+    if template is not None and messages and outcome.server_prompt_tokens is not None:
+        excess = outcome.server_prompt_tokens - rec.prompt_tokens
+        template.observe(messages, excess, place.seen.template)
+        place.seen.template = (messages, excess)
     _fill(ctx, rec, outcome)
     ctx.recorder.put(rec)
     if live and rec.status == "ok" and outcome.text is not None and replies is not None:
         replies[i] = ("".join(outcome.text), rec.output_tokens or 0)
     return rec
+
+
+def _fit_template(
+    ctx: RunContext, rec: RequestRecord, reserve: int, prompt: Prompt, body: bytes
+) -> bytes:
+    """``body``, or one asking for fewer output tokens when prompt + ``reserve`` (the
+    template) + output passes the server's context; ``rec`` counts the cut."""
+    limit = ctx.config.max_model_len
+    assert limit is not None  # ctx.template is set only with one
+    over = prompt.prompt_tokens + reserve + rec.requested_output_tokens - limit
+    cut = min(over, rec.requested_output_tokens - 1)  # at least 1 token: as the clamp
+    if cut <= 0:
+        return body
+    rec.requested_output_tokens -= cut
+    rec.dropped_output_tokens += cut
+    return ctx.prompts.body(prompt.fragment, rec.requested_output_tokens)
 
 
 def routing_headers(ctx: RunContext, place: _Place, i: int) -> dict[str, str] | None:

@@ -36,6 +36,7 @@ from replayer.play.schedule import run_schedule, shard
 from replayer.play.scrape import MetricsScraper
 from replayer.play.selfcheck import LoopMonitor
 from replayer.play.session import PromptBuilder, RunContext, request_body
+from replayer.play.template import TemplateCost
 from replayer.records import ModeInfo, RecordedConfig, RunMeta
 from replayer.records.meta import (
     MaterializerStats,
@@ -284,6 +285,11 @@ async def replay_trace(
                 else IdleSkip(clock, int(config.idle_skip_s * 1e9)),
                 watch=ServerWatch(silence_ns=int(config.endpoint.read_timeout_s * 1e9)),
                 agent=agent,
+                template=TemplateCost()
+                if config.fit_context == "clamp"
+                and config.max_model_len is not None
+                and config.endpoint.api == "chat"
+                else None,
             )
             await clock.sleep_until(t0)  # workers share a zero slightly in the future
             scraper = (

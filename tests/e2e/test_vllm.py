@@ -207,3 +207,51 @@ def test_vllm_agentx_profile_server_hit_matches_theoretical(
     )
     assert summary["invalid_reasons"] == ["window_too_short"]  # 60 s < 900 s
     assert abs(hit["server"] - hit["theoretical_server_blocks"]) <= 0.02
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_vllm_fit_context_clamp_no_400_for_length(
+    vllm: Engine, weka_dir: Path, tmp_path: Path, tokenizer_json: Path, api: str
+) -> None:
+    # Prompts cut near the model's 4,096 positions and outputs scaled 20x (32 -> 640
+    # tokens): most requests pass the context. --fit-context clamp shortens their
+    # outputs; with chat it also leaves room for the template, as vLLM's usage
+    # reports teach it. Nothing may be refused for length.
+    from tests.e2e.helpers import weka_subset
+
+    trace = weka_subset(
+        weka_dir, ("trace_0208", "trace_0718"), OUT_CAP, tmp_path / "two.jsonl"
+    )
+    limit = 4096
+    cut = "3900" if api == "completions" else "3800"
+    extra = [] if api == "completions" else ["--tokenizer", str(tokenizer_json)]
+    run = replay(
+        vllm.url, vllm.model, trace, tmp_path / "run", "--api", api,
+        "--block-tokens", "4", "--max-input-tokens", cut, "--concurrency", "2",
+        "--output-scale", "20", "--fit-context", "clamp", *extra,
+    )  # fmt: skip
+    rows = run.rows
+    bad = rows[rows["status"] != "ok"]
+    assert bad.empty, bad[["http_status", "error_message"]].to_string()
+    assert run.meta["config"]["max_model_len"] == limit
+    full = rows["requested_output_tokens"] + rows["dropped_output_tokens"]
+    assert (full == rows["trace_output_tokens"] * 20).all()
+    clamped = rows["dropped_output_tokens"] > 0
+    used = rows["server_prompt_tokens"] + rows["requested_output_tokens"]
+    assert (used <= limit).all()
+    assert (rows["output_tokens"] == rows["requested_output_tokens"]).all()
+    report(
+        f"vllm-fit-context-{api}",
+        requests=len(rows),
+        clamped=int(clamped.sum()),
+        dropped_output_tokens=int(rows["dropped_output_tokens"].sum()),
+        template_tokens_max=int(
+            (rows["server_prompt_tokens"] - rows["prompt_tokens"]).max()
+        ),
+        room_left_when_clamped_max=int((limit - used[clamped]).max()),
+        room_left_when_clamped_median=float((limit - used[clamped]).median()),
+    )
+    assert clamped.sum() >= len(rows) // 2
+    if api == "completions":  # exact: a clamped request fills the context
+        assert (rows["server_prompt_tokens"] == rows["prompt_tokens"]).all()
+        assert (used[clamped] == limit).all()

@@ -168,3 +168,36 @@ def test_fit_context_clamp_says_when_the_server_has_no_max_model_len(
     config = meta["config"]
     assert isinstance(config, dict)
     assert config["max_model_len"] is None
+
+
+def test_fit_context_clamp_leaves_room_for_a_chat_template(tmp_path: Path) -> None:
+    # A chat server whose template adds 30 tokens and 5 a message to the prompt
+    # the replayer counts: clamped to max_model_len - our count alone, the longest
+    # prompts would still get a 400. The clamp leaves room for the template as the
+    # server's usage reports teach it (before the first: 32 + 8 a message).
+    fake = FakeLLM(max_model_len=LIMIT, template_base=30, template_per_message=5)
+    with serve_in_thread(fake) as url:
+        res, rows = _run(
+            tmp_path, "chat", "--fit-context", "clamp", "--endpoint", url,
+            "--model", "fake-model", "--api", "chat",
+        )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert len(rows) == 20
+    assert (rows.status == "ok").all()  # no 400 for length
+    assert (rows.server_prompt_tokens > rows.prompt_tokens).all()
+    assert (rows.server_prompt_tokens + rows.requested_output_tokens <= LIMIT).all()
+    full = _full(rows)
+    assert (rows.requested_output_tokens + rows.dropped_output_tokens == full).all()
+    # Past our count alone (what the clamp looked at before the template): these
+    # would have been 400s.
+    assert (rows.prompt_tokens + full > LIMIT).sum() == 6
+    past = rows.server_prompt_tokens + full > LIMIT
+    assert (rows.dropped_output_tokens[past] > 0).all()
+    # Once learned, the room left is the template's exactly: the requests that
+    # needed a cut fill the context to the last token, bar the first turns.
+    late = past & (rows.request_index >= 2)
+    assert late.any()
+    assert (
+        rows.server_prompt_tokens[late] + rows.requested_output_tokens[late] == LIMIT
+    ).all()
+    assert (rows.dropped_output_tokens[~past] == 0).all()

@@ -118,10 +118,16 @@ def test_agent_native_claude_code_headers(tmp_path: Path, how: str) -> None:
     )
 
 
-def test_agent_native_codex_headers(tmp_path: Path) -> None:
-    root = replace(agent_tree("t"), extra={"imported_from": "codex"})
+@pytest.mark.parametrize("how", ["flag", "imported"])
+def test_agent_native_codex_headers(tmp_path: Path, how: str) -> None:
+    if how == "imported":  # an imported Codex log: its root says so
+        root = replace(agent_tree("t"), extra={"imported_from": "codex"})
+        flags = ["--session-routing", "agent-native"]
+    else:
+        root = agent_tree("t")
+        flags = ["--session-routing", "agent-native", "--agent-native", "codex"]
     fake = FakeLLM()
-    res = _run(tmp_path, fake, root, "--session-routing", "agent-native")
+    res = _run(tmp_path, fake, root, *flags)
     assert res.exit_code == 0, res.output
     assert fake.requests == 10
     assert [_routing(sent) for sent in fake.raw_headers] == [{"session-id": "t#0"}] * 10
@@ -140,23 +146,91 @@ def test_agent_native_needs_an_agent(tmp_path: Path) -> None:
     assert "needs --session-routing agent-native" in res.output
 
 
+# How each routing mode names a request's own session (None: it names only the tree,
+# so which session a request is of is not on the wire).
+_OWN_SESSION = {
+    "dynamo-full": "X-Dynamo-Session-ID",
+    "agent-native-claude": "x-claude-code-agent-id",
+    "header-session": "x-session-id",
+    "agent-native-codex": None,
+    "none": None,
+}
+_MODE_FLAGS = {
+    "dynamo-full": ["--session-routing", "dynamo-full"],
+    "agent-native-claude": [
+        "--session-routing",
+        "agent-native",
+        "--agent-native",
+        "claude",
+    ],
+    "header-session": ["--session-routing", "header", "--session-id-scope", "session"],
+    "agent-native-codex": [
+        "--session-routing",
+        "agent-native",
+        "--agent-native",
+        "codex",
+    ],
+    "none": [],
+}
+
+
+@pytest.mark.parametrize("mode", list(_OWN_SESSION))
 def test_session_token_follows_the_latest_value_and_is_never_written(
-    tmp_path: Path,
+    tmp_path: Path, mode: str
 ) -> None:
     root = agent_tree("t")
     fake = FakeLLM(token_header="x-session-token")
     res = _run(
         tmp_path, fake, root,
-        "--session-routing", "dynamo-full", "--session-token-header", "x-session-token",
+        *_MODE_FLAGS[mode], "--session-token-header", "x-session-token",
     )  # fmt: skip
     assert res.exit_code == 0, res.output
+    own = _OWN_SESSION[mode]
+    if own is None:  # the token still echoes: each one a value issued before
+        issued_before: set[str | None] = set()
+        echoed = 0
+        for sent, issued in zip(fake.headers, fake.tokens_issued, strict=True):
+            token = sent.get("x-session-token")
+            assert token is None or token in issued_before
+            echoed += token is not None
+            issued_before.add(issued)
+        assert fake.headers[0].get("x-session-token") is None
+    else:
+        echoed = _check_echo_per_session(root, fake, own)
+    assert echoed == 10 - 1  # every request but the very first
+    run = tmp_path / "run"
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["protocol"]["session_tokens_echoed"] == echoed
+    assert meta["config"]["endpoint"]["session_token_header"] == "x-session-token"
+    rows = pd.read_parquet(run / "requests")
+    assert len(rows) == 10
+    assert (rows.status == "ok").all()
+    tokens = [t for t in fake.tokens_issued if t is not None]
+    assert len(tokens) == 10
+    # Nowhere in the run directory: the files' bytes, and the rows' decoded values
+    # (the part files are compressed, so their bytes alone would not show a token).
+    files = [f for f in run.rglob("*") if f.is_file()]
+    assert files
+    for f in files:
+        data = f.read_bytes()
+        for token in tokens:
+            assert token.encode() not in data, f
+    decoded = rows.astype(str).to_csv()
+    for token in tokens:
+        assert token not in decoded
+        assert token not in res.output
+
+
+def _check_echo_per_session(root: Session, fake: FakeLLM, own: str) -> int:
+    """Each request carries the token its session's latest response returned (a
+    subagent's first: what its parent held at the spawn); the number echoed."""
     tree = _sessions(root)
     latest: dict[str, str | None] = {}  # session → the token its last response carried
     spawn_token: dict[str, str | None] = {}
     echoed = 0
     for sent, issued in zip(fake.raw_headers, fake.tokens_issued, strict=True):
         headers = dict(sent)
-        sid = headers["X-Dynamo-Session-ID"].removesuffix("#0")
+        sid = headers[own].removesuffix("#0")
         parent, _ = tree[sid]
         if sid not in latest:  # its first request: what its parent held at the spawn
             want = latest.get(parent) if parent is not None else None
@@ -169,24 +243,7 @@ def test_session_token_follows_the_latest_value_and_is_never_written(
     # Subagents a and b spawn after the root's first response; bg after its third.
     assert spawn_token["t/a"] == spawn_token["t/b"] == fake.tokens_issued[0]
     assert spawn_token["t/bg"] is not None
-    assert echoed == 10 - 1  # every request but the very first
-    run = tmp_path / "run"
-    meta = json.loads((run / "run.json").read_text())
-    assert meta["protocol"]["session_tokens_echoed"] == echoed
-    assert meta["config"]["endpoint"]["session_token_header"] == "x-session-token"
-    rows = pd.read_parquet(run / "requests")
-    assert len(rows) == 10
-    assert (rows.status == "ok").all()
-    tokens = [t for t in fake.tokens_issued if t is not None]
-    assert len(tokens) == 10
-    files = [f for f in run.rglob("*") if f.is_file()]
-    assert files
-    for f in files:
-        data = f.read_bytes()
-        for token in tokens:
-            assert token.encode() not in data, f
-    for token in tokens:
-        assert token not in res.output
+    return echoed
 
 
 @pytest.mark.parametrize(

@@ -118,10 +118,15 @@ CODEX_HUMAN_7 = _gap(_C + "36.854+00:00", _C + "55.216+00:00")
 
 
 def _check_sums(trace: Trace) -> None:
-    for think, tool, human in _parts(trace):
-        assert tool is not None
-        assert human is not None
-        assert tool + human <= think + 1e-9
+    """Every gap is tool, human and other time, whole: the parts add up to the
+    single gap the importer gave before it had parts (still its think time)."""
+    for one in trace.sessions:
+        for r in one.requests:
+            assert r.tool_wait_s is not None
+            assert r.human_wait_s is not None
+            assert r.other_wait_s is not None
+            total = r.tool_wait_s + r.human_wait_s + r.other_wait_s
+            assert total == pytest.approx(r.think_time_s, abs=1e-9)
 
 
 def test_shared_claude_code_log_tool_and_human_apart(shared_data: Path) -> None:
@@ -135,11 +140,6 @@ def test_shared_claude_code_log_tool_and_human_apart(shared_data: Path) -> None:
     # Only one human gap in this log: the rest of every gap is tool time.
     humans = [k for k, (_, _, h) in enumerate(parts) if h]
     assert humans == [5]
-    reqs = trace.sessions[0].requests
-    for r in reqs:
-        assert r.other_wait_s is not None
-        total = (r.tool_wait_s or 0) + (r.human_wait_s or 0) + r.other_wait_s
-        assert total == pytest.approx(r.think_time_s, abs=1e-9)
 
 
 def test_shared_codex_log_tool_and_human_apart(shared_data: Path) -> None:
