@@ -4,6 +4,7 @@ and against the simulated endpoint on 127.0.0.1; the scales land in run.json."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from tests.processes import run_cli
 from traces.importers import import_logs
 from traces.io import read_trace, write_trace
 from traces.model import Request
+from traces.sendorder import send_order
 
 
 def _rows(run_dir: Path) -> pd.DataFrame:
@@ -65,6 +67,33 @@ def test_claude_session_keeps_tool_waits_in_virtual_time(
     waits = _waits_ns(_rows(half))
     assert abs(waits[1] - 9_645_500_000) <= 1
     assert abs(waits[5] - 19_913_000_000) <= 1
+
+
+def test_send_order_model_and_engine_wait_the_same_gaps(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    # One gap rule: the offline send-order model (trace cache-curve's) and the
+    # engine wait the same gap before each request of the imported Claude Code
+    # session, under a think scale, a cap and a tool scale at once.
+    log = shared_data / "tracelab" / "claude" / "trace.json"
+    imported = import_logs("claude-code", [log], salt=b"k").trace
+    trace = write_trace(imported, tmp_path / "c.jsonl")
+    scales = {"think_scale": 0.5, "think_cap_s": 5.0, "tool_scale": 2.0}
+    run_dir = tmp_path / "run"
+    _replay(
+        "run", trace, run_dir, "--virtual", "sim", "--block-tokens", "16",
+        "--think-scale", "0.5", "--think-cap", "5", "--tool-scale", "2",
+    )  # fmt: skip
+    engine = _waits_ns(_rows(run_dir))
+    sent = sorted(send_order(read_trace(trace), concurrency=1, **scales),
+                  key=lambda s: s.index)  # fmt: skip
+    model = [0.0] + [b.send_s - a.end_s for a, b in itertools.pairwise(sent)]
+    assert len(engine) == len(model) == 10
+    assert np.abs(np.subtract(engine, np.multiply(model, 1e9))).max() <= 1e3
+    # The rule did scale both parts apart: tools doubled, the user's halved then
+    # capped (19.913 s -> 5 s).
+    assert abs(engine[1] - 2 * 19_291_000_000) <= 1e3
+    assert abs(engine[5] - 5_000_000_000) <= 1e3
 
 
 def _parted(think: float, tool: float, human: float, blocks: int) -> Request:
