@@ -273,6 +273,21 @@ def test_history_regressions_flags_a_planted_20pct_p90_ttft_regression(
     base = _json("history", "regressions", "--db", db, "--resamples", "400",
                  "--baseline", "1.0", "--label", "hardware=H100")  # fmt: skip
     assert {r["against"] for r in base["comparisons"]} == {"predecessor", "baseline"}
+    # The m-out-of-n bootstrap (what runs of more than --bootstrap-rows take: 300 of
+    # each run's 1,500 values a resample, deviations scaled by sqrt(300 / 1,500)):
+    # the same verdicts, and CIs about as wide as the plain bootstrap's.
+    small = _json("history", "regressions", "--db", db, "--resamples", "400",
+                  "--bootstrap-rows", "300")  # fmt: skip
+    assert small["bootstrap_rows"] == 300
+    by_name = {(r["name"], r["figure"]): r for r in small["comparisons"]}
+    for plain in found["comparisons"]:
+        mn = by_name[plain["name"], plain["figure"]]
+        assert mn["delta_pct"] == plain["delta_pct"]  # the point: all the rows
+        assert mn["flagged"] == plain["flagged"]
+        width, mn_width = (
+            r["ci_high"] - r["ci_low"] for r in (plain, mn)
+        )  # fmt: skip
+        assert 0.5 < mn_width / width < 2.0, (plain, mn)
 
 
 def test_history_canary_flags_a_run_10_points_under_its_lru_estimate(
