@@ -25,17 +25,19 @@ except (ImportError, AttributeError, KeyError):  # pragma: no cover
 FloatArray = npt.NDArray[np.float64]
 SAMPLE = 1 << 16  # values sampled to bracket each rank
 MIN_SIZE = 1 << 16  # below this, numpy's partition is as fast
+BLOCK = 1 << 16  # values compared at a time: the block's masks stay in cache
 
 
 def order_statistics(x: FloatArray, ranks: Sequence[int]) -> dict[int, float] | None:
     """``sorted(x)[k]`` for each k in ``ranks`` (0 <= k < x.size; no NaN in ``x``),
     without sorting or partitioning ``x``, which is left as it is.
 
-    A strided sample brackets each rank between two values; one pass counts the
-    values below a bracket and takes those inside it, and a partition of those few
-    gives the exact value (the values below are exactly the ranks before). None
-    when a rank fell outside its bracket (the caller partitions instead): a sample
-    brackets with a margin of 5 standard deviations, so this is rare.
+    A strided sample brackets each rank between two values; one pass, a cache-sized
+    block of ``x`` at a time, counts the values below each bracket and takes those
+    inside it, and a partition of those few gives the exact value (the values below
+    are exactly the ranks before). None when a rank fell outside its bracket (the
+    caller partitions instead): a sample brackets with a margin of 5 standard
+    deviations, so this is rare.
     """
     n = x.size
     sample = np.sort(x[:: max(1, n // SAMPLE)])
@@ -52,23 +54,60 @@ def order_statistics(x: FloatArray, ranks: Sequence[int]) -> dict[int, float] | 
             windows[-1] = (w_lo, max(w_hi, hi), [*ks, k])
         else:
             windows.append((lo, hi, [k]))
+    below = [0] * len(windows)
+    inside: list[list[FloatArray]] = [[] for _ in windows]
+    # A window of one value (ties: a constant column) keeps counts only: every value
+    # inside it is that value (and, for 0, the count of -0.0 tells its sign).
+    point = [lo == hi for lo, hi, _ in windows]
+    equal = [0] * len(windows)
+    signed = [0] * len(windows)
+    low = np.empty(min(n, BLOCK), dtype=bool)
+    keep = np.empty(min(n, BLOCK), dtype=bool)
+    for at in range(0, n, BLOCK):
+        block = x[at : at + BLOCK]
+        lt, le = low[: block.size], keep[: block.size]
+        for w, (lo, hi, _) in enumerate(windows):
+            if point[w]:
+                np.less(block, lo, out=lt)
+                below[w] += int(np.count_nonzero(lt))
+                np.equal(block, lo, out=le)
+                equal[w] += int(np.count_nonzero(le))
+                if lo == 0:
+                    np.logical_and(np.signbit(block, out=lt), le, out=lt)
+                    signed[w] += int(np.count_nonzero(lt))
+                continue
+            if hi == math.inf:
+                if lo == -math.inf:
+                    inside[w].append(block.copy())
+                    continue
+                np.greater_equal(block, lo, out=le)
+                below[w] += block.size - int(np.count_nonzero(le))
+            else:
+                np.less_equal(block, hi, out=le)
+                if lo != -math.inf:
+                    np.less(block, lo, out=lt)
+                    below[w] += int(np.count_nonzero(lt))
+                    np.greater(le, lt, out=le)  # <= hi and not < lo
+            chosen = block[le]
+            if chosen.size:
+                inside[w].append(chosen)
     out: dict[int, float] = {}
-    for lo, hi, ks in windows:
-        if lo == -math.inf:
-            below = 0
-            inside = x[x <= hi] if hi != math.inf else x.copy()
-        else:
-            mask = x < lo
-            below = int(np.count_nonzero(mask))
-            np.logical_not(mask, out=mask)
-            if hi != math.inf:
-                mask &= x <= hi
-            inside = x[mask]
-        rel = [k - below for k in ks]
-        if not all(0 <= r < inside.size for r in rel):
+    for w, (lo, _, ks) in enumerate(windows):
+        rel = [k - below[w] for k in ks]
+        size = equal[w] if point[w] else sum(p.size for p in inside[w])
+        if not all(0 <= r < size for r in rel):
             return None
-        inside.partition(rel)
-        out.update((k, float(inside[r])) for k, r in zip(ks, rel, strict=True))
+        if point[w] and signed[w] in (0, size):
+            value = -0.0 if lo == 0 and signed[w] else abs(lo) if lo == 0 else lo
+            out.update((k, value) for k in ks)
+            continue
+        values = (
+            x[x == lo]  # +0.0 and -0.0 mixed: which one a rank holds, as before
+            if point[w]
+            else np.concatenate(inside[w])
+        )
+        values.partition(rel)
+        out.update((k, float(values[r])) for k, r in zip(ks, rel, strict=True))
     return out
 
 
