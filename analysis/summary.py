@@ -43,7 +43,7 @@ from analysis.results import (
     as_json,
 )
 from analysis.sessions import session_trees
-from analysis.steady import steady_state
+from analysis.steady import with_run_figures
 from analysis.validity import block_ideal_hit_rate, verdict
 from replayer.records import RunMeta
 from traces.model import Trace
@@ -372,7 +372,9 @@ def summarize(
         "itl": lambda: _itl(run, df),
         "depth": lambda: by_turn_and_depth(df, lru),
         "trees": lambda: _trees(df),
-        "steady": lambda: steady_state(df, seed=seed),
+        # The steady state, the five latencies and the throughput: one part, as
+        # the steady window's arrays are the run's when it holds every row.
+        "latency": lambda: with_run_figures(df, seed=seed, gpus=gpus),
         "client": lambda: _client_check(run),
         "misses": lambda: miss_impact(
             request_cache(
@@ -388,13 +390,7 @@ def summarize(
         "server_hit": lambda: m.server_hit_rate(df),
         "ideal_hit": lambda: m.ideal_hit_rate(df),
         "e2e_norm": lambda: m.e2e_norm_interactivity_tok_s(df),
-        "throughput": lambda: m.throughput_tok_s(df, gpus),
         "lag": lambda: _lag(df),
-        "tpot": lambda: m.describe(m.tpot_ms(df), scratch=True),
-        "ttft": lambda: m.describe(m.ttft_ms(df), scratch=True),
-        "e2e": lambda: m.describe(m.e2e_ms(df), scratch=True),
-        "queued_ttft": lambda: m.describe(m.queued_ttft_ms(df), scratch=True),
-        "queued_e2e": lambda: m.describe(m.queued_e2e_ms(df), scratch=True),
         "counts": lambda: m.counts(df),
     }
     rows = len(df)
@@ -410,24 +406,25 @@ def summarize(
     )
     itl_figures, spread_figures, coalesced = done["itl"]
     turn, depth = done["depth"]
-    tpot = done["tpot"]
+    steady_figures, latency, throughput = done["latency"]
+    tpot = latency["tpot_ms"]
     validity = done["validity"]
     return Summary(
         run=_run_info(run),
         counts=done["counts"],
-        ttft_ms=done["ttft"],
+        ttft_ms=latency["ttft_ms"],
         tpot_ms=tpot,
         itl_ms=itl_figures,
         itl_spread_ms=spread_figures,
         itl_coalesced_share=coalesced,
-        e2e_ms=done["e2e"],
-        queued_ttft_ms=done["queued_ttft"],
-        queued_e2e_ms=done["queued_e2e"],
-        steady_state=done["steady"],
+        e2e_ms=latency["e2e_ms"],
+        queued_ttft_ms=latency["queued_ttft_ms"],
+        queued_e2e_ms=latency["queued_e2e_ms"],
+        steady_state=steady_figures,
         # = m.interactivity_tok_s(df), from the TPOT percentiles already computed.
         interactivity_tok_s=Interactivity(p50=_per_s(tpot.p50), p90=_per_s(tpot.p90)),
         e2e_norm_interactivity_tok_s=done["e2e_norm"],
-        throughput_tok_s=done["throughput"],
+        throughput_tok_s=throughput,
         dispatch_lag_ms=done["lag"],
         cache_hit_rate=dataclasses.replace(
             rates, server=done["server_hit"], ideal=done["ideal_hit"]
@@ -460,18 +457,12 @@ PART_BYTES = {
     "trees": 50,
     "depth": 42,
     "misses": 34,
-    "steady": 34,
+    "latency": 34,  # the steady state's, the largest of its figures
     "client": 34,
     "block_ideal": 32,
     "validity": 32,
     "e2e_norm": 17,
-    "throughput": 17,
     "lag": 17,
-    "tpot": 16,
-    "ttft": 16,
-    "e2e": 16,
-    "queued_ttft": 16,
-    "queued_e2e": 16,
     "counts": 9,
     "server_hit": 31,
     "ideal_hit": 31,

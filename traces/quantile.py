@@ -117,17 +117,38 @@ def linear_percentiles(x: FloatArray, qs: Sequence[float]) -> list[float] | None
     interpolation, applied to the same two order statistics numpy's partition would
     find, so the same floats. ``x`` is not reordered. None: ``x`` is small, or
     numpy's steps are not where they were (call np.percentile)."""
-    n = x.size
-    if _LINEAR is None or n < MIN_SIZE:
+    plan = LinearPlan.of(x.size, qs)
+    if plan is None:
         return None
-    q = np.asanyarray(np.true_divide(list(qs), 100))
-    virtual = np.asanyarray(_LINEAR["get_virtual_index"](n, q))
-    below, above = _np_quantile._get_indexes(x, virtual, n)
-    found = order_statistics(x, [int(i) % n for i in (*below, *above)])
-    if found is None:
-        return None
-    low = np.array([found[int(i) % n] for i in below])
-    high = np.array([found[int(i) % n] for i in above])
-    gamma = _np_quantile._get_gamma(virtual, below, _LINEAR).reshape(virtual.shape)
-    result = _np_quantile._lerp(low, high, gamma)
-    return [float(v) for v in np.atleast_1d(result)]
+    found = order_statistics(x, plan.ranks)
+    return None if found is None else plan.percentiles(found)
+
+
+class LinearPlan:
+    """The order statistics numpy's "linear" percentiles ``qs`` of ``n`` values
+    interpolate (:attr:`ranks`), and the percentiles from them: a caller that needs
+    other ranks of the same array finds them all in one :func:`order_statistics`."""
+
+    def __init__(self, n: int, qs: Sequence[float]) -> None:
+        assert _LINEAR is not None
+        self.n = n
+        q = np.asanyarray(np.true_divide(list(qs), 100))
+        self.virtual = np.asanyarray(_LINEAR["get_virtual_index"](n, q))
+        # _get_indexes reads only the array's dtype (for its NaN check).
+        self.below, self.above = _np_quantile._get_indexes(np.zeros(0), self.virtual, n)
+        self.ranks = [int(i) % n for i in (*self.below, *self.above)]
+
+    @classmethod
+    def of(cls, n: int, qs: Sequence[float]) -> LinearPlan | None:
+        """The plan for a large array; None: small (numpy's partition is as fast),
+        or numpy's steps are not where they were (call np.percentile)."""
+        return cls(n, qs) if _LINEAR is not None and n >= MIN_SIZE else None
+
+    def percentiles(self, found: dict[int, float]) -> list[float]:
+        """The percentiles, from :func:`order_statistics` of (at least) the ranks."""
+        n = self.n
+        low = np.array([found[int(i) % n] for i in self.below])
+        high = np.array([found[int(i) % n] for i in self.above])
+        gamma = _np_quantile._get_gamma(self.virtual, self.below, _LINEAR)
+        result = _np_quantile._lerp(low, high, gamma.reshape(self.virtual.shape))
+        return [float(v) for v in np.atleast_1d(result)]
