@@ -198,17 +198,27 @@ def _client_check(run: Run) -> RunClientCheck | None:
     ``pool_wait_ms`` (both parts), ``slot_wait_ms`` and ``connect_ms``."""
     recorded = run.meta.client_check
     df = run.requests
-    waits = {
-        name: (m.column(df, name) / 1e6 if name in df.columns else np.array([]))
-        for name in ("pool_wait_ns", "slot_wait_ns", "connect_ns")
-    }
-    if recorded is None and not np.isfinite(waits["pool_wait_ns"]).any():
+
+    def waits_ms(name: str) -> m.FloatArray:
+        if name not in df.columns:
+            return np.array([])
+        raw = m.plain_column(df, name)  # cast inside the division: one array
+        if raw is None:
+            return m.column(df, name) / 1e6
+        out: m.FloatArray = np.true_divide(raw, 1e6, dtype=np.float64)
+        return out
+
+    pool = waits_ms("pool_wait_ns")
+    if recorded is None and not np.isfinite(pool).any():
         return None
+    # One column's waits at a time (each is the caller's to spend).
+    pool_ms = m.describe(pool, scratch=True)
+    del pool
     return RunClientCheck(
         recorded=recorded,
-        pool_wait_ms=m.describe(waits["pool_wait_ns"]),
-        slot_wait_ms=m.describe(waits["slot_wait_ns"]),
-        connect_ms=m.describe(waits["connect_ns"]),
+        pool_wait_ms=pool_ms,
+        slot_wait_ms=m.describe(waits_ms("slot_wait_ns"), scratch=True),
+        connect_ms=m.describe(waits_ms("connect_ns"), scratch=True),
     )
 
 
