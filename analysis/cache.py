@@ -19,6 +19,7 @@ from analysis.metrics import (
     kept_column,
     measured_ok,
     percentile,
+    plain_column,
     server_prompt,
 )
 from analysis.results import CacheMisses
@@ -113,8 +114,9 @@ def request_cache(
     :data:`REQUEST_COLUMNS` to build.
     """
     keep = measured_ok(df)
-    if reporting_only:
-        keep &= ~np.isnan(column(df, "cached_tokens"))
+    cached = plain_column(df, "cached_tokens") if reporting_only else None
+    if reporting_only and (cached is None or cached.dtype.kind == "f"):
+        keep &= ~np.isnan(column(df, "cached_tokens"))  # (integers: no NaN)
 
     def kept(name: str, scale: float = 1.0) -> FloatArray:
         return kept_column(df, name, keep, scale)
@@ -133,10 +135,18 @@ def request_cache(
         "lru_cached_tokens": lambda: (
             lru[keep] if lru is not None else np.full(int(keep.sum()), NAN)
         ),
-        "missed_tokens": lambda: kept("ideal_cached_tokens") - kept("cached_tokens"),
+        "missed_tokens": lambda: _less(
+            kept("ideal_cached_tokens"), kept("cached_tokens")
+        ),
     }
     # copy=False keeps one block per column instead of copying into one 2-D block.
     return pd.DataFrame({c: build[c]() for c in columns}, copy=False)
+
+
+def _less(a: FloatArray, b: FloatArray) -> FloatArray:
+    """``a - b``, into ``a`` (the caller's): one array fewer held."""
+    a -= b
+    return a
 
 
 def tree_cache(requests: pd.DataFrame) -> pd.DataFrame:

@@ -314,14 +314,26 @@ def compact_column(col: pa.ChunkedArray) -> Any:
         for small in _SMALL_INTS:
             info = np.iinfo(small)
             if info.min <= lo and hi <= info.max:
-                return _concat([c.to_numpy().astype(small) for c in col.chunks])
-        return _concat([c.to_numpy() for c in col.chunks])
+                return _cast_into(col, small)
+        return _cast_into(col, np.int64)
     if max(-lo, hi) <= _FLOAT32_EXACT:
-        pieces = [
-            c.to_numpy(zero_copy_only=False).astype(np.float32) for c in col.chunks
-        ]
-        return _concat(pieces)
-    return _concat([c.to_numpy(zero_copy_only=False) for c in col.chunks])
+        return _cast_into(col, np.float32)
+    return _cast_into(col, np.float64)
+
+
+def _cast_into(col: pa.ChunkedArray, dtype: Any) -> Any:
+    """The chunks' values (float64 with NaN for null, when there are nulls) cast
+    to ``dtype`` in one array, each chunk cast as it is copied in: no cast copy
+    of each chunk on the way (fresh pages cost the kernel's time)."""
+    if col.num_chunks == 1:  # Arrow's own buffer when it has the type
+        one = col.chunk(0).to_numpy(zero_copy_only=False)
+        return one if one.dtype == dtype else one.astype(dtype)
+    out = np.empty(len(col), dtype=dtype)
+    at = 0
+    for c in col.chunks:
+        out[at : at + len(c)] = c.to_numpy(zero_copy_only=False)
+        at += len(c)
+    return out
 
 
 def _concat(pieces: list[Any]) -> Any:

@@ -122,20 +122,32 @@ def plain_column(df: pd.DataFrame, name: str) -> npt.NDArray[np.number] | None:
     return None
 
 
+_BLOCK = 1 << 17  # rows taken at a time: the narrow column's kept rows stay in cache
+
+
 def kept_column(
     df: pd.DataFrame, name: str, keep: npt.NDArray[np.bool_], scale: float = 1.0
 ) -> FloatArray:
     """``column(df, name)[keep] / scale`` (no division for a scale of 1), the same
-    floats: the rows are taken before the cast, and the cast is made inside the
-    division, so no float64 copy of the whole column is made on the way."""
+    floats: the rows are taken before the cast, a block at a time, and each block
+    cast inside the division into the result, so no copy of the whole column (nor
+    of its kept rows in the narrow dtype) is made on the way."""
     raw = plain_column(df, name)
-    values: npt.NDArray[np.number] = (
-        column(df, name)[keep] if raw is None else raw[keep]
-    )
-    if scale == 1.0:
-        whole: FloatArray = values.astype(np.float64, copy=False)
-        return whole
-    out: FloatArray = np.true_divide(values, scale, dtype=np.float64)
+    if raw is None:
+        values = column(df, name)[keep]
+        if scale != 1.0:
+            values /= scale
+        return values
+    out: FloatArray = np.empty(int(np.count_nonzero(keep)), dtype=np.float64)
+    at = 0
+    for row in range(0, raw.size, _BLOCK):
+        taken = raw[row : row + _BLOCK][keep[row : row + _BLOCK]]
+        if scale == 1.0:
+            out[at : at + taken.size] = taken
+        else:
+            part = out[at : at + taken.size]
+            np.true_divide(taken, scale, out=part, dtype=np.float64)
+        at += taken.size
     return out
 
 
@@ -147,9 +159,15 @@ def kept_difference(
     only."""
     out = kept_column(df, a, keep)
     raw_b = plain_column(df, b)
-    # The other column's kept rows are cast to float64 inside the subtraction.
-    np.subtract(out, raw_b[keep] if raw_b is not None else column(df, b)[keep],
-                out=out, dtype=np.float64)  # fmt: skip
+    if raw_b is None:
+        out -= column(df, b)[keep]
+    else:  # the other column's kept rows cast inside the subtraction, a block at a time
+        at = 0
+        for row in range(0, raw_b.size, _BLOCK):
+            taken = raw_b[row : row + _BLOCK][keep[row : row + _BLOCK]]
+            part = out[at : at + taken.size]
+            np.subtract(part, taken, out=part, dtype=np.float64)
+            at += taken.size
     out /= scale
     return out
 
@@ -567,9 +585,14 @@ def hit_rate(hits: npt.ArrayLike, prompt: npt.ArrayLike) -> float:
     ("unavailable", never 0) when no row knows its hits or the prompts sum to 0.
     """
     h = np.asarray(hits, dtype=np.float64)
+    p = np.asarray(prompt, dtype=np.float64)
     known = ~np.isnan(h)
-    denom = float(np.nansum(np.asarray(prompt, dtype=np.float64)[known]))
-    return float(h[known].sum()) / denom if denom > 0 else NAN
+    if not known.all():  # else the rows as they are: no copies
+        h, p = h[known], p[known]
+    del known
+    # nansum's sum of the NaN-zeroed copy, which is the sum itself with no NaN.
+    denom = float(np.nansum(p) if np.isnan(p).any() else p.sum())
+    return float(h.sum()) / denom if denom > 0 else NAN
 
 
 def server_hit_rate(df: pd.DataFrame) -> float:

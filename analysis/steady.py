@@ -16,10 +16,17 @@ import pandas as pd
 
 from analysis import metrics as m
 from analysis.compare import bootstrap
-from analysis.results import Interval, SteadyFigure, SteadyState, SteadyThroughput
+from analysis.results import (
+    Interval,
+    Latency,
+    SteadyFigure,
+    SteadyState,
+    SteadyThroughput,
+    Throughput,
+)
 from replayer.records import SteadyRecord, SteadyWindow, steady_window
 from replayer.records.capacity import SloCheck
-from traces.quantile import order_statistics
+from traces.quantile import LinearPlan, order_statistics
 from traces.stats import PERCENTILE_METHOD
 
 FloatArray = npt.NDArray[np.float64]
@@ -73,8 +80,12 @@ def in_window(df: pd.DataFrame, window: SteadyWindow) -> pd.DataFrame:
     (:data:`METRICS`, throughput, request count), so these are the figures of the
     rows in the window, in row order, with no row copied (a copy of 10M rows' columns
     was 0.75 GiB)."""
-    start = m.column(df, "start_ns")
-    keep = (start >= window.start_ns) & (start <= window.end_ns)
+    # Compared as float64, as metrics.column gives them: a narrow integer column
+    # is cast inside the comparison, not copied.
+    raw = m.plain_column(df, "start_ns")
+    start = raw if raw is not None else m.column(df, "start_ns")
+    keep = np.greater_equal(start, float(window.start_ns))  # (a float64 loop)
+    keep &= np.less_equal(start, float(window.end_ns))
     out: dict[str, Any] = {c: df[c] for c in df.columns if c != m.MEASURED_OK}
     out[m.MEASURED_OK] = m.measured_ok(df) & keep
     return pd.DataFrame(out, index=df.index, copy=False)
@@ -106,7 +117,6 @@ def percentile_ci(
     if n == 0:
         return [(math.nan, math.nan, math.nan) for _ in qs]
     alpha = (1.0 - confidence) / 2
-    out = []
     if n <= EXACT_BOOTSTRAP_MAX:
         points = m.percentiles(x, qs)
         rng = np.random.default_rng(seed)
@@ -122,31 +132,47 @@ def percentile_ci(
         lo = np.quantile(boot, alpha, axis=0)
         hi = np.quantile(boot, 1 - alpha, axis=0)
         return [(p, float(a), float(b)) for p, a, b in zip(points, lo, hi, strict=True)]
-    z = NormalDist().inv_cdf(1 - alpha)
-    ranks = []
-    for q in qs:
-        frac = q / 100.0
-        half = z * math.sqrt(n * frac * (1 - frac))
-        ranks.append(
-            (
-                max(0, math.floor(n * frac - half) - 1),
-                min(n - 1, math.ceil(n * frac + half)),
-            )
-        )
-    # Only some ranks are needed: one partition, not a sort. The point estimate is
-    # numpy's "linear" percentile, read from the same partition: the values at the
-    # floor and ceiling of the virtual index (n - 1)·q, interpolated.
-    virtual = [(n - 1) * q / 100.0 for q in qs]
-    kth = {r for pair in ranks for r in pair}
-    kth |= {math.floor(v) for v in virtual} | {math.ceil(v) for v in virtual}
-    part: Any = order_statistics(x, sorted(kth))  # the same values, faster
+    plan = _CiPlan(n, qs, confidence)
+    part: Any = order_statistics(x, plan.ranks)  # the same values, faster
     if part is None:
-        part = np.partition(x, sorted(kth))
-    for v, (r_lo, r_hi) in zip(virtual, ranks, strict=True):
-        below, above = part[math.floor(v)], part[math.ceil(v)]
-        point = float(below + (above - below) * (v - math.floor(v)))
-        out.append((point, float(part[r_lo]), float(part[r_hi])))
-    return out
+        part = np.partition(x, plan.ranks)
+    return plan.intervals(part)
+
+
+class _CiPlan:
+    """The ranks :func:`percentile_ci`'s order-statistic intervals (and point
+    estimates) of ``n`` values read, and the intervals from them."""
+
+    def __init__(self, n: int, qs: Sequence[float], confidence: float) -> None:
+        z = NormalDist().inv_cdf(1 - (1.0 - confidence) / 2)
+        self.bounds = []
+        for q in qs:
+            frac = q / 100.0
+            half = z * math.sqrt(n * frac * (1 - frac))
+            self.bounds.append(
+                (
+                    max(0, math.floor(n * frac - half) - 1),
+                    min(n - 1, math.ceil(n * frac + half)),
+                )
+            )
+        # Only some ranks are needed: one partition, not a sort. The point estimate
+        # is numpy's "linear" percentile, read from the same partition: the values
+        # at the floor and ceiling of the virtual index (n - 1)·q, interpolated.
+        self.virtual = [(n - 1) * q / 100.0 for q in qs]
+        kth = {r for pair in self.bounds for r in pair}
+        kth |= {math.floor(v) for v in self.virtual}
+        kth |= {math.ceil(v) for v in self.virtual}
+        self.ranks = sorted(kth)
+
+    def intervals(self, part: Any) -> list[tuple[float, float, float]]:
+        """(percentile, CI low, CI high) each, from ``part``: the values at (at
+        least) :attr:`ranks` by rank (a partitioned array or a dict)."""
+        out = []
+        for v, (r_lo, r_hi) in zip(self.virtual, self.bounds, strict=True):
+            below, above = part[math.floor(v)], part[math.ceil(v)]
+            point = float(below + (above - below) * (v - math.floor(v)))
+            out.append((point, float(part[r_lo]), float(part[r_hi])))
+        return out
 
 
 def _figure(values: FloatArray, seed: int) -> SteadyFigure:
@@ -190,6 +216,76 @@ def steady_state(df: pd.DataFrame, *, seed: int = 0) -> SteadyState | None:
             input=tp.input, output=tp.output, total=tp.total, requests=tp.requests
         ),
     )
+
+
+def with_run_figures(
+    df: pd.DataFrame, *, seed: int = 0, gpus: int | None = None
+) -> tuple[SteadyState | None, dict[str, Latency], Throughput]:
+    """(:func:`steady_state`, ``metrics.describe`` of each of :data:`METRICS` over
+    the run's population, ``metrics.throughput_tok_s(df, gpus)``): the same
+    figures as apart. When the window holds every measured row (a run without
+    warm-up or drain) its populations are the run's: each latency array is built
+    once and its order statistics found in one pass for both."""
+    window = window_of(df)
+    sub = in_window(df, window) if window is not None else None
+    run_tp = m.throughput_tok_s(df, gpus)
+    requests = int(m.measured_ok(sub).sum()) if sub is not None else 0
+    whole = sub is not None and requests == int(m.measured_ok(df).sum())
+    figures: dict[str, Latency] = {}
+    steady: dict[str, SteadyFigure] = {}
+    for name, metric in METRICS.items():
+        if sub is not None and not whole:
+            steady[name] = _figure(metric(sub), seed)
+        values = metric(df)
+        both = _both(values, seed) if whole else None
+        if both is not None:
+            figures[name], steady[name] = both
+            continue
+        if whole:
+            steady[name] = _figure(values, seed)  # read before describe reorders
+        figures[name] = m.describe(values, scratch=True)
+    if window is None or sub is None:
+        return None, figures, run_tp
+    tp = run_tp if whole else m.throughput_tok_s(sub)
+    state = SteadyState(
+        window=window.record(),
+        requests=requests,
+        confidence=CONFIDENCE,
+        ttft_ms=steady["ttft_ms"],
+        queued_ttft_ms=steady["queued_ttft_ms"],
+        tpot_ms=steady["tpot_ms"],
+        e2e_ms=steady["e2e_ms"],
+        queued_e2e_ms=steady["queued_e2e_ms"],
+        throughput_tok_s=SteadyThroughput(
+            input=tp.input, output=tp.output, total=tp.total, requests=tp.requests
+        ),
+    )
+    return state, figures, run_tp
+
+
+def _both(values: FloatArray, seed: int) -> tuple[Latency, SteadyFigure] | None:
+    """(``metrics.describe``, :func:`_figure`) of NaN-free ``values`` from one
+    :func:`order_statistics` of the ranks both read (None: small, or a bracket
+    missed: call them apart)."""
+    n = values.size
+    linear = LinearPlan.of(n, [50, 90, 99])
+    if linear is None or n <= EXACT_BOOTSTRAP_MAX:
+        return None
+    ci = _CiPlan(n, QUANTILES, CONFIDENCE)
+    found = order_statistics(values, sorted({*linear.ranks, *ci.ranks}))
+    if found is None:
+        return None
+    p50, p90, p99 = linear.percentiles(found)
+    latency = Latency(mean=float(values.mean()), p50=p50, p90=p90, p99=p99, count=n)
+    (s50, lo50, hi50), (s90, lo90, hi90), (s99, lo99, hi99) = ci.intervals(found)
+    figure = SteadyFigure(
+        p50=s50,
+        p90=s90,
+        p99=s99,
+        count=n,
+        ci=Interval(p50=(lo50, hi50), p90=(lo90, hi90), p99=(lo99, hi99)),
+    )
+    return latency, figure
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

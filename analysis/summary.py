@@ -43,7 +43,7 @@ from analysis.results import (
     as_json,
 )
 from analysis.sessions import session_trees
-from analysis.steady import steady_state
+from analysis.steady import with_run_figures
 from analysis.validity import block_ideal_hit_rate, verdict
 from replayer.records import RunMeta
 from traces.model import Trace
@@ -198,17 +198,27 @@ def _client_check(run: Run) -> RunClientCheck | None:
     ``pool_wait_ms`` (both parts), ``slot_wait_ms`` and ``connect_ms``."""
     recorded = run.meta.client_check
     df = run.requests
-    waits = {
-        name: (m.column(df, name) / 1e6 if name in df.columns else np.array([]))
-        for name in ("pool_wait_ns", "slot_wait_ns", "connect_ns")
-    }
-    if recorded is None and not np.isfinite(waits["pool_wait_ns"]).any():
+
+    def waits_ms(name: str) -> m.FloatArray:
+        if name not in df.columns:
+            return np.array([])
+        raw = m.plain_column(df, name)  # cast inside the division: one array
+        if raw is None:
+            return m.column(df, name) / 1e6
+        out: m.FloatArray = np.true_divide(raw, 1e6, dtype=np.float64)
+        return out
+
+    pool = waits_ms("pool_wait_ns")
+    if recorded is None and not np.isfinite(pool).any():
         return None
+    # One column's waits at a time (each is the caller's to spend).
+    pool_ms = m.describe(pool, scratch=True)
+    del pool
     return RunClientCheck(
         recorded=recorded,
-        pool_wait_ms=m.describe(waits["pool_wait_ns"]),
-        slot_wait_ms=m.describe(waits["slot_wait_ns"]),
-        connect_ms=m.describe(waits["connect_ns"]),
+        pool_wait_ms=pool_ms,
+        slot_wait_ms=m.describe(waits_ms("slot_wait_ns"), scratch=True),
+        connect_ms=m.describe(waits_ms("connect_ns"), scratch=True),
     )
 
 
@@ -372,7 +382,9 @@ def summarize(
         "itl": lambda: _itl(run, df),
         "depth": lambda: by_turn_and_depth(df, lru),
         "trees": lambda: _trees(df),
-        "steady": lambda: steady_state(df, seed=seed),
+        # The steady state, the five latencies and the throughput: one part, as
+        # the steady window's arrays are the run's when it holds every row.
+        "latency": lambda: with_run_figures(df, seed=seed, gpus=gpus),
         "client": lambda: _client_check(run),
         "misses": lambda: miss_impact(
             request_cache(
@@ -388,21 +400,16 @@ def summarize(
         "server_hit": lambda: m.server_hit_rate(df),
         "ideal_hit": lambda: m.ideal_hit_rate(df),
         "e2e_norm": lambda: m.e2e_norm_interactivity_tok_s(df),
-        "throughput": lambda: m.throughput_tok_s(df, gpus),
         "lag": lambda: _lag(df),
-        "tpot": lambda: m.describe(m.tpot_ms(df), scratch=True),
-        "ttft": lambda: m.describe(m.ttft_ms(df), scratch=True),
-        "e2e": lambda: m.describe(m.e2e_ms(df), scratch=True),
-        "queued_ttft": lambda: m.describe(m.queued_ttft_ms(df), scratch=True),
-        "queued_e2e": lambda: m.describe(m.queued_e2e_ms(df), scratch=True),
         "counts": lambda: m.counts(df),
     }
     rows = len(df)
+    # In PART_BYTES' order: the large parts first, each with room beside it.
     done = dict(
         zip(
-            parts,
+            PART_BYTES,
             run_within(
-                [(PART_BYTES[name] * rows, job) for name, job in parts.items()],
+                [(PART_BYTES[name] * rows, parts[name]) for name in PART_BYTES],
                 budget=WORKING_BYTES * rows,
             ),
             strict=True,
@@ -410,24 +417,25 @@ def summarize(
     )
     itl_figures, spread_figures, coalesced = done["itl"]
     turn, depth = done["depth"]
-    tpot = done["tpot"]
+    steady_figures, latency, throughput = done["latency"]
+    tpot = latency["tpot_ms"]
     validity = done["validity"]
     return Summary(
         run=_run_info(run),
         counts=done["counts"],
-        ttft_ms=done["ttft"],
+        ttft_ms=latency["ttft_ms"],
         tpot_ms=tpot,
         itl_ms=itl_figures,
         itl_spread_ms=spread_figures,
         itl_coalesced_share=coalesced,
-        e2e_ms=done["e2e"],
-        queued_ttft_ms=done["queued_ttft"],
-        queued_e2e_ms=done["queued_e2e"],
-        steady_state=done["steady"],
+        e2e_ms=latency["e2e_ms"],
+        queued_ttft_ms=latency["queued_ttft_ms"],
+        queued_e2e_ms=latency["queued_e2e_ms"],
+        steady_state=steady_figures,
         # = m.interactivity_tok_s(df), from the TPOT percentiles already computed.
         interactivity_tok_s=Interactivity(p50=_per_s(tpot.p50), p90=_per_s(tpot.p90)),
         e2e_norm_interactivity_tok_s=done["e2e_norm"],
-        throughput_tok_s=done["throughput"],
+        throughput_tok_s=throughput,
         dispatch_lag_ms=done["lag"],
         cache_hit_rate=dataclasses.replace(
             rates, server=done["server_hit"], ideal=done["ideal_hit"]
@@ -457,24 +465,18 @@ def _lag(df: pd.DataFrame) -> DispatchLag:
 # interpreter, about 2 GiB at 10M rows.
 PART_BYTES = {
     "itl": 72,  # = WORKING_BYTES: alone (its two describes run side by side)
-    "trees": 50,
-    "depth": 42,
+    "trees": 52,  # beside the small ones
+    "depth": 44,  # beside the parts up to 28
+    "latency": 25,
     "misses": 34,
-    "steady": 34,
-    "client": 34,
-    "block_ideal": 32,
-    "validity": 32,
-    "e2e_norm": 17,
-    "throughput": 17,
-    "lag": 17,
-    "tpot": 16,
-    "ttft": 16,
-    "e2e": 16,
-    "queued_ttft": 16,
-    "queued_e2e": 16,
+    "validity": 26,
+    "block_ideal": 24,
+    "server_hit": 25,
+    "ideal_hit": 17,
+    "client": 11,
+    "e2e_norm": 16,
+    "lag": 10,
     "counts": 9,
-    "server_hit": 31,
-    "ideal_hit": 31,
 }
 WORKING_BYTES = 72
 

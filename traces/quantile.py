@@ -25,17 +25,19 @@ except (ImportError, AttributeError, KeyError):  # pragma: no cover
 FloatArray = npt.NDArray[np.float64]
 SAMPLE = 1 << 16  # values sampled to bracket each rank
 MIN_SIZE = 1 << 16  # below this, numpy's partition is as fast
+BLOCK = 1 << 16  # values compared at a time: the block's masks stay in cache
 
 
 def order_statistics(x: FloatArray, ranks: Sequence[int]) -> dict[int, float] | None:
     """``sorted(x)[k]`` for each k in ``ranks`` (0 <= k < x.size; no NaN in ``x``),
     without sorting or partitioning ``x``, which is left as it is.
 
-    A strided sample brackets each rank between two values; one pass counts the
-    values below a bracket and takes those inside it, and a partition of those few
-    gives the exact value (the values below are exactly the ranks before). None
-    when a rank fell outside its bracket (the caller partitions instead): a sample
-    brackets with a margin of 5 standard deviations, so this is rare.
+    A strided sample brackets each rank between two values; one pass, a cache-sized
+    block of ``x`` at a time, counts the values below each bracket and takes those
+    inside it, and a partition of those few gives the exact value (the values below
+    are exactly the ranks before). None when a rank fell outside its bracket (the
+    caller partitions instead): a sample brackets with a margin of 5 standard
+    deviations, so this is rare.
     """
     n = x.size
     sample = np.sort(x[:: max(1, n // SAMPLE)])
@@ -52,23 +54,60 @@ def order_statistics(x: FloatArray, ranks: Sequence[int]) -> dict[int, float] | 
             windows[-1] = (w_lo, max(w_hi, hi), [*ks, k])
         else:
             windows.append((lo, hi, [k]))
+    below = [0] * len(windows)
+    inside: list[list[FloatArray]] = [[] for _ in windows]
+    # A window of one value (ties: a constant column) keeps counts only: every value
+    # inside it is that value (and, for 0, the count of -0.0 tells its sign).
+    point = [lo == hi for lo, hi, _ in windows]
+    equal = [0] * len(windows)
+    signed = [0] * len(windows)
+    low = np.empty(min(n, BLOCK), dtype=bool)
+    keep = np.empty(min(n, BLOCK), dtype=bool)
+    for at in range(0, n, BLOCK):
+        block = x[at : at + BLOCK]
+        lt, le = low[: block.size], keep[: block.size]
+        for w, (lo, hi, _) in enumerate(windows):
+            if point[w]:
+                np.less(block, lo, out=lt)
+                below[w] += int(np.count_nonzero(lt))
+                np.equal(block, lo, out=le)
+                equal[w] += int(np.count_nonzero(le))
+                if lo == 0:
+                    np.logical_and(np.signbit(block, out=lt), le, out=lt)
+                    signed[w] += int(np.count_nonzero(lt))
+                continue
+            if hi == math.inf:
+                if lo == -math.inf:
+                    inside[w].append(block.copy())
+                    continue
+                np.greater_equal(block, lo, out=le)
+                below[w] += block.size - int(np.count_nonzero(le))
+            else:
+                np.less_equal(block, hi, out=le)
+                if lo != -math.inf:
+                    np.less(block, lo, out=lt)
+                    below[w] += int(np.count_nonzero(lt))
+                    np.greater(le, lt, out=le)  # <= hi and not < lo
+            chosen = block[le]
+            if chosen.size:
+                inside[w].append(chosen)
     out: dict[int, float] = {}
-    for lo, hi, ks in windows:
-        if lo == -math.inf:
-            below = 0
-            inside = x[x <= hi] if hi != math.inf else x.copy()
-        else:
-            mask = x < lo
-            below = int(np.count_nonzero(mask))
-            np.logical_not(mask, out=mask)
-            if hi != math.inf:
-                mask &= x <= hi
-            inside = x[mask]
-        rel = [k - below for k in ks]
-        if not all(0 <= r < inside.size for r in rel):
+    for w, (lo, _, ks) in enumerate(windows):
+        rel = [k - below[w] for k in ks]
+        size = equal[w] if point[w] else sum(p.size for p in inside[w])
+        if not all(0 <= r < size for r in rel):
             return None
-        inside.partition(rel)
-        out.update((k, float(inside[r])) for k, r in zip(ks, rel, strict=True))
+        if point[w] and signed[w] in (0, size):
+            value = -0.0 if lo == 0 and signed[w] else abs(lo) if lo == 0 else lo
+            out.update((k, value) for k in ks)
+            continue
+        values = (
+            x[x == lo]  # +0.0 and -0.0 mixed: which one a rank holds, as before
+            if point[w]
+            else np.concatenate(inside[w])
+        )
+        values.partition(rel)
+        out.update((k, float(values[r])) for k, r in zip(ks, rel, strict=True))
     return out
 
 
@@ -78,17 +117,38 @@ def linear_percentiles(x: FloatArray, qs: Sequence[float]) -> list[float] | None
     interpolation, applied to the same two order statistics numpy's partition would
     find, so the same floats. ``x`` is not reordered. None: ``x`` is small, or
     numpy's steps are not where they were (call np.percentile)."""
-    n = x.size
-    if _LINEAR is None or n < MIN_SIZE:
+    plan = LinearPlan.of(x.size, qs)
+    if plan is None:
         return None
-    q = np.asanyarray(np.true_divide(list(qs), 100))
-    virtual = np.asanyarray(_LINEAR["get_virtual_index"](n, q))
-    below, above = _np_quantile._get_indexes(x, virtual, n)
-    found = order_statistics(x, [int(i) % n for i in (*below, *above)])
-    if found is None:
-        return None
-    low = np.array([found[int(i) % n] for i in below])
-    high = np.array([found[int(i) % n] for i in above])
-    gamma = _np_quantile._get_gamma(virtual, below, _LINEAR).reshape(virtual.shape)
-    result = _np_quantile._lerp(low, high, gamma)
-    return [float(v) for v in np.atleast_1d(result)]
+    found = order_statistics(x, plan.ranks)
+    return None if found is None else plan.percentiles(found)
+
+
+class LinearPlan:
+    """The order statistics numpy's "linear" percentiles ``qs`` of ``n`` values
+    interpolate (:attr:`ranks`), and the percentiles from them: a caller that needs
+    other ranks of the same array finds them all in one :func:`order_statistics`."""
+
+    def __init__(self, n: int, qs: Sequence[float]) -> None:
+        assert _LINEAR is not None
+        self.n = n
+        q = np.asanyarray(np.true_divide(list(qs), 100))
+        self.virtual = np.asanyarray(_LINEAR["get_virtual_index"](n, q))
+        # _get_indexes reads only the array's dtype (for its NaN check).
+        self.below, self.above = _np_quantile._get_indexes(np.zeros(0), self.virtual, n)
+        self.ranks = [int(i) % n for i in (*self.below, *self.above)]
+
+    @classmethod
+    def of(cls, n: int, qs: Sequence[float]) -> LinearPlan | None:
+        """The plan for a large array; None: small (numpy's partition is as fast),
+        or numpy's steps are not where they were (call np.percentile)."""
+        return cls(n, qs) if _LINEAR is not None and n >= MIN_SIZE else None
+
+    def percentiles(self, found: dict[int, float]) -> list[float]:
+        """The percentiles, from :func:`order_statistics` of (at least) the ranks."""
+        n = self.n
+        low = np.array([found[int(i) % n] for i in self.below])
+        high = np.array([found[int(i) % n] for i in self.above])
+        gamma = _np_quantile._get_gamma(self.virtual, self.below, _LINEAR)
+        result = _np_quantile._lerp(low, high, gamma.reshape(self.virtual.shape))
+        return [float(v) for v in np.atleast_1d(result)]

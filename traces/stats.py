@@ -384,7 +384,9 @@ def steady_span(start_ns: npt.ArrayLike, end_ns: npt.ArrayLike) -> SteadySpan | 
     s = np.asarray(start_ns, dtype=np.float64)
     e = np.asarray(end_ns, dtype=np.float64)
     keep = ~(np.isnan(s) | np.isnan(e))
-    s, e = s[keep], e[keep]
+    if not keep.all():  # else no copies of millions of rows
+        s, e = s[keep], e[keep]
+    del keep
     if s.size == 0:
         return None
     lo, hi = int(s.min()), int(e.max())

@@ -21,6 +21,9 @@ def _arrays() -> dict[str, np.ndarray]:
         "ties": rng.integers(0, 3, n).astype(np.float64),
         "heavy": rng.pareto(1.2, n),
         "smallest": rng.random(MIN_SIZE),
+        "constant": np.full(n, 2.5),  # one-value windows: counted, not gathered
+        "mostly zero": np.where(rng.random(n) < 0.97, 0.0, rng.random(n)),
+        "signed zeros": np.where(rng.random(n) < 0.5, 0.0, -0.0),
     }
 
 
