@@ -5,6 +5,7 @@ rows out. See docs/metrics.md#kv-cache."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any, cast
 
 import numpy as np
@@ -57,19 +58,10 @@ class _Table:
         value is known (not NaN): :func:`metrics.hit_rate`; with no ``prompt``, the
         mean of the known values. NaN where nothing is known. Token counts are
         whole numbers, so these sums are exact in any order."""
-        g, n = self.g, self.n
-        nan = np.isnan(values)
-        known = ~nan if nan.any() else None
-        gk, v = (g, values) if known is None else (g[known], values[known])
-        if prompt is None:
-            den = np.bincount(gk, minlength=n)
-        else:
-            p = prompt if known is None else prompt[known]
-            p_nan = np.isnan(p)
-            den = np.bincount(
-                gk, weights=np.where(p_nan, 0.0, p) if p_nan.any() else p, minlength=n
-            )
-        num = np.bincount(gk, weights=v, minlength=n)
+        self.ratios(name, *_sums(self.g, self.n, values, prompt))
+
+    def ratios(self, name: str, num: FloatArray, den: npt.NDArray[Any]) -> None:
+        """Per group, ``num`` / ``den`` (NaN where ``den`` is 0)."""
         self.figures[name] = [
             float(x / d) if d > 0 else math.nan for x, d in zip(num, den, strict=True)
         ]
@@ -84,9 +76,13 @@ class _Table:
             self._order = order.astype(np.int32) if order.size < 2**31 else order
         ordered = values[self._order]
         cuts = np.concatenate([[0], np.cumsum(self.count)]).tolist()
+        self.figures_of(name, [ordered[cuts[k] : cuts[k + 1]] for k in range(self.n)])
+
+    def figures_of(self, name: str, groups: Iterable[FloatArray]) -> None:
+        """The p50 and p90 of each group's values (taken one group at a time)."""
         p50s, p90s = [], []
-        for k in range(self.n):
-            p50, p90 = m.percentiles(ordered[cuts[k] : cuts[k + 1]], [50, 90])
+        for values in groups:
+            p50, p90 = m.percentiles(values, [50, 90])
             p50s.append(p50)
             p90s.append(p90)
         self.figures[name + "_p50"], self.figures[name + "_p90"] = p50s, p90s
@@ -109,6 +105,86 @@ class _Table:
                 hit_rate_lru=None if lru is None else lru[k],
             )
             for k in np.flatnonzero(self.count).tolist()
+        )
+
+
+def _sums(
+    g: npt.NDArray[np.integer[Any]],
+    n: int,
+    values: FloatArray,
+    prompt: FloatArray | None,
+) -> tuple[FloatArray, npt.NDArray[Any]]:
+    """Per group of ``g`` (0 to n - 1), Σ values and Σ prompt (NaN prompts as 0;
+    with no ``prompt``, the count) over the rows whose value is not NaN."""
+    nan = np.isnan(values)
+    known = ~nan if nan.any() else None
+    gk, v = (g, values) if known is None else (g[known], values[known])
+    if prompt is None:
+        den = np.bincount(gk, minlength=n)
+    else:
+        p = prompt if known is None else prompt[known]
+        p_nan = np.isnan(p)
+        den = np.bincount(
+            gk, weights=np.where(p_nan, 0.0, p) if p_nan.any() else p, minlength=n
+        )
+    num = cast("FloatArray", np.bincount(gk, weights=v, minlength=n))
+    return num, den
+
+
+class _Cells:
+    """The kept rows of two tables, grouped by (turn, depth) cell: one pass of
+    sums per column serves both, each table's sums being its cells' summed
+    (whole token counts: exact in any order)."""
+
+    # More cells than this (a foreign writer's many depths): each table on its own.
+    MOST = 2**16  # keys in 2 bytes: radix-sorted
+
+    def __init__(self, turn: _Table, depth: _Table) -> None:
+        self.tables = (turn, depth)
+        self.shape = (turn.n, depth.n)
+        # In 2 bytes (MOST cells), a quarter of the memory; bincount widens it.
+        self.key = turn.g.astype(np.uint16)
+        self.key *= depth.n
+        self.key += depth.g.astype(np.uint16)
+        for t in self.tables:  # their groups are the key's now
+            t.g = np.empty(0, dtype=t.g.dtype)
+        self._order: npt.NDArray[np.signedinteger[Any]] | None = None
+        self._cuts: list[int] = []
+
+    def rates(self, name: str, values: FloatArray, prompt: FloatArray | None) -> None:
+        """Each table's :meth:`_Table.rates`."""
+        num, den = _sums(self.key, self.shape[0] * self.shape[1], values, prompt)
+        num2, den2 = num.reshape(self.shape), den.reshape(self.shape)
+        for axis, t in ((1, self.tables[0]), (0, self.tables[1])):
+            t.ratios(name, num2.sum(axis=axis), den2.sum(axis=axis))
+
+    def latencies(self, name: str, values: FloatArray) -> None:
+        """Each table's :meth:`_Table.latencies` from one stable sort of the rows
+        by cell (turn-major, kept for the next column): a turn's rows are one
+        slice, a depth's its cells' slices joined."""
+        if self._order is None:
+            cells = np.bincount(self.key, minlength=self.shape[0] * self.shape[1])
+            self._cuts = np.concatenate([[0], np.cumsum(cells)]).tolist()
+            order = np.argsort(self.key, kind="stable")  # 2-byte keys: radix
+            self._order = order.astype(np.int32) if order.size < 2**31 else order
+            del order
+        ordered = values[self._order]
+        cuts, (nt, nd) = self._cuts, self.shape
+        turn, depth = self.tables
+        turn.figures_of(
+            name, [ordered[cuts[i * nd] : cuts[(i + 1) * nd]] for i in range(nt)]
+        )
+        depth.figures_of(
+            name,
+            (
+                np.concatenate(
+                    [
+                        ordered[cuts[i * nd + j] : cuts[i * nd + j + 1]]
+                        for i in range(nt)
+                    ]
+                )
+                for j in range(nd)
+            ),
         )
 
 
@@ -202,20 +278,23 @@ def by_turn_and_depth(
                          ("lru", None if lru is None else lru[keep])):  # fmt: skip
         if values is not None:
             kept.append((name, values, prompt))
+    # Both tables' sums from one pass over a (turn, depth) cell key, if few cells.
+    pair = _Cells(*tables) if tables[0].n * tables[1].n <= _Cells.MOST else None
+    sinks: list[_Table] | list[_Cells] = list(tables) if pair is None else [pair]
     for name, values, den in kept:
-        for t in tables:
+        for t in sinks:
             t.rates(name, values, den)
     kept.clear()
     # The server's prompt where it reported one, else ours (metrics.server_prompt).
     server = m.kept_column(df, "server_prompt_tokens", keep)
-    server = np.where(np.isnan(server), prompt, server)
+    np.copyto(server, prompt, where=np.isnan(server))  # in place: a fresh column
     del prompt
     cached = m.kept_column(df, "cached_tokens", keep)
-    for t in tables:
+    for t in sinks:
         t.rates("server", cached, server)
     del cached, server
     for name in ("ttft", "e2e"):
         values = m.kept_column(df, f"{name}_ns", keep, _NS_PER_MS)
-        for t in tables:
+        for t in sinks:
             t.latencies(name, values)
     return tables[0].rows(), tables[1].rows()

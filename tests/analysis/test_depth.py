@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis import depth as depth_module
 from analysis import metrics as m
-from analysis.depth import by_depth, by_turn, turn_bucket
+from analysis.depth import by_depth, by_turn, by_turn_and_depth, turn_bucket
 from analysis.load import load_run, records_frame
 from replayer.records import RequestRecord, records_to_table
 
@@ -110,3 +111,37 @@ def test_depth_table_takes_any_agent_depth(
             100 * len(mine)
         )
         assert table[str(d)].ttft_ms_p50 == np.percentile([i + 1 for i in mine], 50)
+
+
+def test_depth_tables_from_cells_equal_each_table_alone(
+    tmp_path: Path,
+    rec: Callable[..., RequestRecord],
+    make_run_dir: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The (turn, depth) cell pass and the per-table pass give the same floats,
+    # with unknown cached and server prompt tokens and unmeasured latencies.
+    rng = np.random.default_rng(7)
+    rows = []
+    for j in range(300):
+        depth = int(rng.integers(0, 3))
+        server = None if j % 5 == 0 else int(rng.integers(1, 10**5))
+        rows.append(
+            rec(session_id=f"s{j % 9}/{depth}", root_session_id=f"s{j % 9}",
+                agent_depth=depth, request_index=int(rng.integers(0, 40)),
+                ttft_ns=None if j % 17 == 0 else int(rng.integers(1, 10**9)),
+                e2e_ns=int(rng.integers(1, 10**10)),
+                prompt_tokens=int(rng.integers(1, 10**5)),
+                server_prompt_tokens=server,
+                ideal_cached_tokens=int(rng.integers(0, 10**4)),
+                cached_tokens=None if j % 7 == 0 else int(rng.integers(0, 10**4)))
+        )  # fmt: skip
+    df = m.numeric_view(load_run(make_run_dir(tmp_path / "r", rows)).requests)
+    lru = rng.integers(0, 10**4, len(df)).astype(np.float64)
+    lru[::11] = np.nan
+    cells = by_turn_and_depth(df, lru)
+    monkeypatch.setattr(depth_module._Cells, "MOST", 0)
+    alone = by_turn_and_depth(df, lru)
+    assert len(cells[0]) > 3
+    assert len(cells[1]) == 3
+    assert repr(cells) == repr(alone)
