@@ -35,6 +35,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from analysis.heap import hold_freed_memory
 from analysis.load import load_run
 from analysis.summary import COLUMNS, summarize
 from replayer.records import RECORD_SCHEMA, RunMeta
@@ -173,7 +174,9 @@ def write_run(path: Path, rows: int) -> None:
 
 
 def child(code: str, path: Path) -> dict[str, float]:
-    """One timed code in this (fresh) process: seconds, peak RSS, a few figures."""
+    """One timed code in this (fresh) process: seconds, peak RSS, a few figures.
+    Freed memory is held for reuse, as ``analyze`` does (for every code alike)."""
+    hold_freed_memory()
     t = time.perf_counter()
     if code == "naive":
         df = pd.read_parquet(path / "requests")
