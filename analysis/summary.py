@@ -24,6 +24,7 @@ from analysis import steady
 from analysis.cache import lru_cached_tokens, miss_impact, request_cache
 from analysis.depth import by_turn_and_depth
 from analysis.errors import AnalysisError
+from analysis.heap import release_free_memory
 from analysis.load import Run, block_tokens_of, part_batches, stored_values
 from analysis.results import (
     CacheMisses,
@@ -422,6 +423,8 @@ def summarize(
         "lag": lambda: _lag(df),
         "counts": lambda: m.counts(df),
     }
+    for name in _RELEASING:
+        parts[name] = _releasing(parts[name])
     rows = len(df)
     # In PART_BYTES' order: the large parts first, each with room beside it.
     done = dict(
@@ -468,6 +471,21 @@ def summarize(
         client_check=done["client"],
         validity=dataclasses.replace(validity, block_ideal=done["block_ideal"]),
     )
+
+
+# The parts whose room, once freed, is given back to the OS: the heap keeps
+# freed memory for reuse (analysis.heap), and these free the most at once.
+_RELEASING = ("itl", "trees")
+
+
+def _releasing(part: Callable[[], Any]) -> Callable[[], Any]:
+    def run() -> Any:
+        try:
+            return part()
+        finally:
+            release_free_memory()
+
+    return run
 
 
 def _lag(df: pd.DataFrame) -> DispatchLag:

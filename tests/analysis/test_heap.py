@@ -7,16 +7,17 @@ import subprocess
 import sys
 
 
-def test_hold_freed_memory_applies_on_glibc_and_arrays_still_work() -> None:
+def test_hold_and_release_freed_memory_on_glibc_and_arrays_still_work() -> None:
     # In a child: the setting is process-wide.
     code = (
         "import numpy as np\n"
-        "from analysis.heap import hold_freed_memory\n"
+        "from analysis.heap import hold_freed_memory, release_free_memory\n"
         "print(hold_freed_memory())\n"
         "for _ in range(3):\n"
         "    a = np.arange(20_000_000, dtype=np.float64)\n"
         "    assert a.sum() == (20_000_000 - 1) * 20_000_000 / 2\n"
         "    del a\n"
+        "    release_free_memory()\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
