@@ -171,12 +171,13 @@ def session_trees(df: pd.DataFrame) -> pd.DataFrame:
             cp = cp.add(add, fill_value=0.0)
     roots = per[per.index == per["root"]]
     n_codes = len(names)
-    tree = np.where(root >= 0, root, sid)
+    # Widened once, not by each bincount; counts of the rows where a flag is set
+    # taken on those rows (the same counts as summed 0/1 weights).
+    tree = np.where(root >= 0, root, sid).astype(np.intp)
     requests = np.bincount(tree, minlength=n_codes)
-    sub_reqs = np.bincount(
-        tree, weights=column(df, "agent_depth") > 0, minlength=n_codes
-    )
-    warm = np.bincount(tree, weights=is_warmup(df), minlength=n_codes) > 0
+    sub_reqs = np.bincount(tree[column(df, "agent_depth") > 0], minlength=n_codes)
+    warm = np.bincount(tree[is_warmup(df)], minlength=n_codes) > 0
+    del tree
     sessions = np.bincount(
         np.where(per["root"] >= 0, per["root"], per.index), minlength=n_codes
     )
