@@ -1,5 +1,5 @@
 """Freed memory kept for reuse in a one-shot analysis process (glibc): fresh pages
-cost the kernel's zeroing, seconds of a 10M-row analysis."""
+cost the kernel's zeroing, seconds of a 10M-row analysis. See docs/benchmarks.md."""
 
 from __future__ import annotations
 
