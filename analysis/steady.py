@@ -202,16 +202,31 @@ def steady_state(df: pd.DataFrame, *, seed: int = 0) -> SteadyState | None:
     if window is None:
         return None
     sub = in_window(df, window)
-    tp = m.throughput_tok_s(sub)
+    return _state(
+        window,
+        int(m.measured_ok(sub).sum()),
+        {name: _figure(metric(sub), seed) for name, metric in METRICS.items()},
+        m.throughput_tok_s(sub),
+    )
+
+
+def _state(
+    window: SteadyWindow,
+    requests: int,
+    figures: dict[str, SteadyFigure],
+    tp: Throughput,
+) -> SteadyState:
+    """The steady-state block of ``window`` from its figures (by :data:`METRICS`
+    name) and its throughput."""
     return SteadyState(
         window=window.record(),
-        requests=int(m.measured_ok(sub).sum()),
+        requests=requests,
         confidence=CONFIDENCE,
-        ttft_ms=_figure(m.ttft_ms(sub), seed),
-        queued_ttft_ms=_figure(m.queued_ttft_ms(sub), seed),
-        tpot_ms=_figure(m.tpot_ms(sub), seed),
-        e2e_ms=_figure(m.e2e_ms(sub), seed),
-        queued_e2e_ms=_figure(m.queued_e2e_ms(sub), seed),
+        ttft_ms=figures["ttft_ms"],
+        queued_ttft_ms=figures["queued_ttft_ms"],
+        tpot_ms=figures["tpot_ms"],
+        e2e_ms=figures["e2e_ms"],
+        queued_e2e_ms=figures["queued_e2e_ms"],
         throughput_tok_s=SteadyThroughput(
             input=tp.input, output=tp.output, total=tp.total, requests=tp.requests
         ),
@@ -247,20 +262,7 @@ def with_run_figures(
     if window is None or sub is None:
         return None, figures, run_tp
     tp = run_tp if whole else m.throughput_tok_s(sub)
-    state = SteadyState(
-        window=window.record(),
-        requests=requests,
-        confidence=CONFIDENCE,
-        ttft_ms=steady["ttft_ms"],
-        queued_ttft_ms=steady["queued_ttft_ms"],
-        tpot_ms=steady["tpot_ms"],
-        e2e_ms=steady["e2e_ms"],
-        queued_e2e_ms=steady["queued_e2e_ms"],
-        throughput_tok_s=SteadyThroughput(
-            input=tp.input, output=tp.output, total=tp.total, requests=tp.requests
-        ),
-    )
-    return state, figures, run_tp
+    return _state(window, requests, steady, tp), figures, run_tp
 
 
 def _both(values: FloatArray, seed: int) -> tuple[Latency, SteadyFigure] | None:
