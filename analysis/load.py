@@ -4,8 +4,9 @@ of ``analysis`` that does I/O. See docs/run-directory.md."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analysis.errors import AnalysisError
+from analysis.heap import page_array
 from replayer.records import (
     RECORD_SCHEMA,
     RUN_METADATA_KEY,
@@ -213,55 +215,191 @@ def _read_whole(parts: list[Path], wanted: list[str], problems: list[str]) -> _R
 
 
 def _read_compact(parts: list[Path], wanted: list[str], problems: list[str]) -> _Read:
-    """:func:`compact_column` of each wanted column, read from every readable part
-    (two columns at a time in threads: the Arrow copy of one column is all that is
-    held beside the frame). A part that fails on any column is skipped whole."""
-    opened: list[tuple[Path, pq.ParquetFile]] = []
+    """:func:`compact_column` of each wanted column, read from every readable part.
+
+    Two reads at a time on threads: a small part is read whole (its wanted
+    columns in one call: the recorder's thousands of 5,000-row parts cost one
+    open each, not one a column), a large one (``_BIG_PART`` rows or more) a
+    column at a time (two columns' Arrow copies held, not two parts'). An
+    integer column goes straight into its compact array, the dtype planned from
+    the parts' Parquet statistics and each chunk checked against them (where
+    they are missing or wrong, the column is joined from its chunks instead);
+    the other columns are joined from their chunks. A part that fails on any
+    column is skipped whole."""
+    opened: list[_Part] = []
     meta = None
     for part in parts:
         try:
-            pf = pq.ParquetFile(part)
+            md = pq.read_metadata(part)
+            schema = md.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as exc:
             problems.append(f"{part.name}: unreadable, skipped ({exc})")
             continue
         if meta is None:
-            meta = _part_meta(pf)
-        opened.append((part, pf))
-
-    def one(name: str) -> Any:
-        chunks = []
-        for part, pf in opened:
-            try:
-                if name in pf.schema_arrow.names:
-                    # ParquetFile, not read_table: no dataset machinery per read
-                    # (a third of the time, at 25 columns x every part).
-                    dict_ = [name] if name in CATEGORY_COLUMNS else None
-                    table = pq.ParquetFile(part, read_dictionary=dict_).read(
-                        columns=[name], use_threads=False
-                    )
-                else:
-                    table = pa.table({name: pa.nulls(pf.metadata.num_rows)})
-            except (OSError, pa.ArrowException) as exc:
-                raise _BadPart(part, exc) from None
-            col = _conform(table, [name]).column(0)
-            if name in CATEGORY_COLUMNS and not pa.types.is_dictionary(col.type):
-                col = col.dictionary_encode()
-            chunks.extend(col.chunks)
-        target = RECORD_SCHEMA.field(name).type
-        if name in CATEGORY_COLUMNS:
-            target = pa.dictionary(pa.int32(), target)
-        return compact_column(pa.chunked_array(chunks, type=target))
-
+            raw = (schema.metadata or {}).get(RUN_METADATA_KEY)
+            meta = _json_object(raw) if raw is not None else None
+        opened.append(_Part(part, md, schema))
     try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            frame = dict(zip(wanted, pool.map(one, wanted), strict=True))
+        try:
+            frame = _read_parts(opened, wanted, plan=True)
+        except _StatsWrong:
+            frame = _read_parts(opened, wanted, plan=False)
     except _BadPart as bad:
         problems.append(f"{bad.part.name}: unreadable, skipped ({bad.exc})")
-        rest = [p for p, _ in opened if p != bad.part]
+        rest = [p.path for p in opened if p.path != bad.part]
         retried = _read_compact(rest, wanted, problems)
         return retried[0], retried[1], meta or retried[2]
     _release_arrow_memory()
-    return pd.DataFrame(frame, copy=False), [p for p, _ in opened], meta
+    return pd.DataFrame(frame, copy=False), [p.path for p in opened], meta
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    path: Path
+    md: pq.FileMetaData
+    schema: pa.Schema
+
+
+# Rows from which a part is read a column at a time.
+_BIG_PART = 100_000
+
+
+class _StatsWrong(Exception):
+    """A chunk's values are not what its part's statistics said."""
+
+
+def _read_parts(
+    opened: list[_Part], wanted: list[str], *, plan: bool
+) -> dict[str, Any]:
+    """The compact columns of ``opened``'s rows (see :func:`_read_compact`)."""
+    offsets = np.cumsum([0] + [p.md.num_rows for p in opened]).tolist()
+    rows = offsets[-1]
+    planned: dict[str, tuple[Any, int, int]] = {}  # name: (array, lo, hi)
+    if plan and rows:
+        for name in wanted:
+            got = _int_plan(opened, name)
+            if got is None:
+                continue
+            dtype, lo, hi = got
+            if dtype is None:  # nulls only (no memory; see compact_column)
+                planned[name] = (np.broadcast_to(np.float32(np.nan), rows), 0, 0)
+            else:
+                planned[name] = (page_array(rows, dtype), lo, hi)
+    joined = [n for n in wanted if n not in planned]
+    chunks: list[dict[str, list[pa.Array]]] = [{} for _ in opened]
+
+    def one(task: tuple[int, list[str]]) -> None:
+        k, columns = task
+        part = opened[k]
+        names = part.schema.names
+        present = [n for n in columns if n in names]
+        dict_ = [n for n in present if n in CATEGORY_COLUMNS]
+        try:
+            # ParquetFile, not read_table: no dataset machinery per read.
+            pf = pq.ParquetFile(part.path, metadata=part.md, read_dictionary=dict_)
+            try:
+                table = pf.read(columns=present, use_threads=False)
+            finally:
+                pf.close()
+        except (OSError, pa.ArrowException) as exc:
+            raise _BadPart(part.path, exc) from None
+        at, n = offsets[k], part.md.num_rows
+        for name in columns:
+            if name in planned:
+                out, lo, hi = planned[name]
+                if not out.flags.writeable:
+                    continue  # nulls only
+                if name not in names:
+                    out[at : at + n] = np.nan
+                    continue
+                col = table.column(name)
+                if col.null_count and out.dtype.kind == "i":
+                    raise _StatsWrong
+                if col.null_count < n:
+                    got = pc.min_max(col)
+                    if got["min"].as_py() < lo or got["max"].as_py() > hi:
+                        raise _StatsWrong
+                _fill(out[at : at + n], col)
+                continue
+            col = _conform(table.select([name] if name in names else []), [name])[0]
+            if name in CATEGORY_COLUMNS and not pa.types.is_dictionary(col.type):
+                col = col.dictionary_encode()
+            chunks[k][name] = col.chunks
+
+    def join(name: str) -> Any:
+        target = RECORD_SCHEMA.field(name).type
+        if name in CATEGORY_COLUMNS:
+            target = pa.dictionary(pa.int32(), target)
+        pieces = [c for per in chunks for c in per.pop(name)]
+        return compact_column(pa.chunked_array(pieces, type=target))
+
+    # A small part is one read of all its columns; a large one a read a column
+    # (two columns' Arrow copies held at a time, not two parts').
+    tasks: list[tuple[int, list[str]]] = []
+    for k, part in enumerate(opened):
+        if part.md.num_rows >= _BIG_PART:
+            tasks += [(k, [name]) for name in wanted]
+        else:
+            tasks.append((k, wanted))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(one, tasks))
+        joined_columns = dict(zip(joined, pool.map(join, joined), strict=True))
+    return {
+        name: planned[name][0] if name in planned else joined_columns[name]
+        for name in wanted
+    }
+
+
+def _fill(out: np.ndarray, col: pa.ChunkedArray) -> None:
+    """``col``'s values (NaN for null) cast into ``out`` a chunk at a time."""
+    at = 0
+    for c in col.chunks:
+        out[at : at + len(c)] = c.to_numpy(zero_copy_only=False)
+        at += len(c)
+
+
+def _int_plan(opened: list[_Part], name: str) -> tuple[Any, int, int] | None:
+    """(dtype, lo, hi) of integer column ``name`` from the parts' Parquet
+    statistics, the dtype :func:`compact_column` picks from the values (None:
+    nulls only); None when a part has no statistics for it or does not store it
+    as integers."""
+    if not pa.types.is_integer(RECORD_SCHEMA.field(name).type):
+        return None
+    lo: int | None = None
+    hi: int | None = None
+    nulls = rows = 0
+    for part in opened:
+        md = part.md
+        rows += md.num_rows
+        if name not in part.schema.names:  # an older writer: null in these rows
+            nulls += md.num_rows
+            continue
+        if not pa.types.is_integer(part.schema.field(name).type):
+            return None
+        at = _column_index(md, name)
+        for g in range(md.num_row_groups):
+            group = md.row_group(g)
+            stats = group.column(at).statistics
+            if stats is None or not stats.has_null_count:
+                return None
+            nulls += stats.null_count
+            if stats.null_count == group.num_rows:
+                continue
+            if not stats.has_min_max:
+                return None
+            lo = stats.min if lo is None else min(lo, stats.min)
+            hi = stats.max if hi is None else max(hi, stats.max)
+    if lo is None or hi is None:
+        return None, 0, 0
+    return _compact_int_dtype(lo, hi, nulls), lo, hi
+
+
+def _column_index(md: pq.FileMetaData, name: str) -> int:
+    schema = md.schema
+    for i in range(len(schema)):
+        if schema.column(i).path == name:
+            return i
+    raise _StatsWrong  # not a flat column: read it whole
 
 
 def _release_arrow_memory() -> None:
@@ -310,15 +448,20 @@ def compact_column(col: pa.ChunkedArray) -> Any:
         # rows, and runs leave several of these columns empty).
         return np.broadcast_to(np.float32(np.nan), len(col))
     lo, hi = (x.as_py() for x in pc.min_max(col).values())
-    if col.null_count == 0:
+    return _cast_into(col, _compact_int_dtype(lo, hi, col.null_count))
+
+
+def _compact_int_dtype(lo: int, hi: int, nulls: int) -> Any:
+    """The dtype :func:`compact_column` gives integers from ``lo`` to ``hi``."""
+    if nulls == 0:
         for small in _SMALL_INTS:
             info = np.iinfo(small)
             if info.min <= lo and hi <= info.max:
-                return _cast_into(col, small)
-        return _cast_into(col, np.int64)
+                return small
+        return np.int64
     if max(-lo, hi) <= _FLOAT32_EXACT:
-        return _cast_into(col, np.float32)
-    return _cast_into(col, np.float64)
+        return np.float32
+    return np.float64
 
 
 def _cast_into(col: pa.ChunkedArray, dtype: Any) -> Any:
@@ -355,15 +498,17 @@ def _categorical(col: pa.ChunkedArray) -> pd.Categorical:
         values = first
         maps = None
     else:
-        values = pc.unique(pa.concat_arrays([c.dictionary for c in chunks]))
+        # One hash pass over every chunk's dictionary (not a lookup table built
+        # per chunk: a run's thousands of parts each have their own).
+        every = pc.dictionary_encode(
+            pa.concat_arrays([c.dictionary for c in chunks]), null_encoding="encode"
+        )
+        values = every.dictionary
+        where = every.indices.to_numpy().astype(np.int32, copy=False)
+        ends = np.cumsum([len(c.dictionary) for c in chunks]).tolist()
         maps = [
-            np.append(
-                pc.index_in(c.dictionary, value_set=values).to_numpy(
-                    zero_copy_only=False
-                ),
-                -1,
-            ).astype(np.int32)
-            for c in chunks
+            np.append(where[end - len(c.dictionary) : end], -1).astype(np.int32)
+            for c, end in zip(chunks, ends, strict=True)
         ]
     codes = []
     for i, c in enumerate(chunks):
@@ -401,25 +546,74 @@ def part_batches(
     run: Run, columns: Sequence[str], *, rows: int = 1 << 18
 ) -> Iterator[pa.Table]:
     """``columns`` of ``run``'s rows, read again from its part files a batch of at
-    most ``rows`` rows at a time (row groups in order: the batches, one after the
-    other, are ``run.requests``' rows), each an Arrow table of RECORD_SCHEMA's
-    types (ids dictionary-encoded; :func:`records_frame` makes a frame of one).
+    most ``rows`` rows at a time (row groups in order, small parts' joined: the
+    batches, one after the other, are ``run.requests``' rows), each an Arrow
+    table of RECORD_SCHEMA's types (ids dictionary-encoded; :func:`records_frame`
+    makes a frame of one).
 
     Raises:
         AnalysisError: a part file that loaded before cannot be read now.
     """
-    for part in run.parts:
+    held: list[pa.Table] = []  # small parts' rows, joined up to ``rows``
+    held_rows = 0
+    for part, tables in _parts_ahead(run.parts, columns, rows):
         try:
-            pf = pq.ParquetFile(part)
-            present = [c for c in columns if c in pf.schema_arrow.names]
-            read_dict = [c for c in present if c in CATEGORY_COLUMNS]
-            pf = pq.ParquetFile(part, read_dictionary=read_dict)
-            for batch in pf.iter_batches(batch_size=rows, columns=present):
-                table = pa.Table.from_batches([batch])
-                yield _conform(table, columns)
+            for table in tables:
+                table = _conform(table, columns)
+                if held and held_rows + len(table) > rows:
+                    yield pa.concat_tables(held)
+                    held, held_rows = [], 0
+                held.append(table)
+                held_rows += len(table)
         except (OSError, pa.ArrowException) as exc:
             raise AnalysisError(f"{part}: cannot read it again ({exc})") from None
+    if held:
+        yield pa.concat_tables(held)
     _release_arrow_memory()
+
+
+# Small parts read ahead of the caller, side by side on two threads (a part's
+# open costs ~2 ms of footer and schema, a run's thousands of parts seconds).
+_PARTS_AHEAD = 4
+
+
+def _parts_ahead(
+    parts: Sequence[Path], columns: Sequence[str], rows: int
+) -> Iterator[tuple[Path, Iterable[pa.Table]]]:
+    """Each part and its tables, in order: a part of at most ``rows`` rows read
+    whole on a thread, ahead; a larger one read a batch at a time as the caller
+    takes them."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        coming: deque[tuple[Path, Future[Iterable[pa.Table]]]] = deque()
+        queue = iter(parts)
+
+        def more() -> None:
+            while len(coming) < _PARTS_AHEAD and (part := next(queue, None)):
+                coming.append((part, pool.submit(_part_tables, part, columns, rows)))
+
+        more()
+        while coming:
+            part, future = coming.popleft()
+            more()
+            try:
+                tables = future.result()
+            except (OSError, pa.ArrowException) as exc:
+                raise AnalysisError(f"{part}: cannot read it again ({exc})") from None
+            yield part, tables
+
+
+def _part_tables(part: Path, columns: Sequence[str], rows: int) -> Iterable[pa.Table]:
+    pf = pq.ParquetFile(part)
+    present = [c for c in columns if c in pf.schema_arrow.names]
+    read_dict = [c for c in present if c in CATEGORY_COLUMNS]
+    if read_dict:  # the footer parsed once
+        pf = pq.ParquetFile(part, metadata=pf.metadata, read_dictionary=read_dict)
+    if pf.metadata.num_rows <= rows:
+        return [pf.read(columns=present, use_threads=False)]
+    return (
+        pa.Table.from_batches([batch])
+        for batch in pf.iter_batches(batch_size=rows, columns=present)
+    )
 
 
 def _load_server_metrics(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -137,6 +138,78 @@ def test_itl_read_in_small_batches_is_the_same(messy_run: Path) -> None:
     pieces = [m.itl_and_spread_ms(records_frame(b)) for b in batches]
     assert np.array_equal(np.concatenate([a for a, _ in pieces]), itl)
     assert np.array_equal(np.concatenate([b for _, b in pieces]), spread)
+
+
+def test_parts_read_a_column_at_a_time_give_the_same_figures(
+    messy_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts past ``_BIG_PART`` rows are read a column at a time (the others
+    whole): the same frame either way."""
+    whole = load_run(messy_run, columns=COLUMNS, compact=True).requests
+    monkeypatch.setattr(analysis.load, "_BIG_PART", 100)
+    by_column = load_run(messy_run, columns=COLUMNS, compact=True).requests
+    pd.testing.assert_frame_equal(by_column, whole)
+    _figures(messy_run)
+
+
+def test_wrong_or_missing_statistics_fall_back_to_the_values(
+    messy_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The integer columns' dtypes are planned from the parts' Parquet statistics:
+    a part written without them, or statistics the values contradict, give the
+    dtypes :func:`compact_column` picks from the values, and the same figures."""
+    want = load_run(messy_run, columns=COLUMNS, compact=True).requests
+    plain = tmp_path / "plain"
+    (plain / "requests").mkdir(parents=True)
+    (plain / "run.json").write_bytes((messy_run / "run.json").read_bytes())
+    for k, part in enumerate(sorted((messy_run / "requests").glob("part-000-*"))):
+        table = pq.read_table(part)
+        stats = k != 1  # the middle part without statistics
+        pq.write_table(table, plain / "requests" / part.name, write_statistics=stats)
+    got = load_run(plain, columns=COLUMNS, compact=True).requests
+    assert dict(got.dtypes) == dict(want.dtypes)
+
+    real = analysis.load._int_plan
+
+    def too_narrow(opened: Any, name: str) -> Any:
+        plan = real(opened, name)
+        if plan is None or plan[0] is None:
+            return plan
+        # Statistics that say 0-100: the values past them would not fit.
+        return (np.int8 if np.dtype(plan[0]).kind == "i" else np.float32), 0, 100
+
+    monkeypatch.setattr(analysis.load, "_int_plan", too_narrow)
+    lied = load_run(messy_run, columns=COLUMNS, compact=True).requests
+    for frame in (got, lied):
+        for name in m.NUMERIC_COLUMNS:
+            if name in COLUMNS:
+                assert np.array_equal(
+                    m.column(frame, name), m.column(want, name), equal_nan=True
+                ), name
+    assert dict(lied.dtypes) == dict(want.dtypes)
+
+
+def test_many_small_parts_with_their_own_ids(tmp_path: Path) -> None:
+    """A run as the recorder writes it: many small parts, each with a dictionary
+    of its own sessions. The ids come back as one categorical, the ITL batches
+    join small parts, and every figure is the full load's."""
+    rng = random.Random(5)
+    path = tmp_path / "small"
+    (path / "requests").mkdir(parents=True)
+    meta = run_meta()
+    for k in range(40):
+        table = records_to_table(_records(rng, 35, k * 10))
+        table = table.replace_schema_metadata({"replayer.run": json.dumps(meta)})
+        pq.write_table(table, path / "requests" / f"part-000-{k:05d}.parquet")
+    (path / "run.json").write_text(json.dumps(meta))
+    run = load_run(path, columns=COLUMNS, compact=True)
+    sessions = run.requests["session_id"]
+    assert sessions.cat.categories.is_unique
+    assert list(sessions.astype(str)) == list(load_run(path).requests["session_id"])
+    sizes = [len(b) for b in part_batches(run, ITL_COLUMNS, rows=100)]
+    assert sum(sizes) == 40 * 35
+    assert max(sizes) == 70  # two parts a batch
+    _figures(path)
 
 
 def test_compact_columns_hold_the_same_values() -> None:

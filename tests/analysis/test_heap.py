@@ -6,6 +6,8 @@ import platform
 import subprocess
 import sys
 
+import numpy as np
+
 
 def test_hold_and_release_freed_memory_on_glibc_and_arrays_still_work() -> None:
     # In a child: the setting is process-wide.
@@ -24,3 +26,15 @@ def test_hold_and_release_freed_memory_on_glibc_and_arrays_still_work() -> None:
     ).stdout.strip()
     glibc = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
     assert out == str(glibc)
+
+
+def test_page_arrays_hold_what_is_written() -> None:
+    from analysis.heap import page_array
+
+    for length, dtype in ((10, np.int8), (3_000_000, np.float32), (0, np.int64)):
+        a = page_array(length, dtype)
+        assert a.dtype == dtype
+        assert a.shape == (length,)
+        assert a.flags.writeable
+        a[:] = np.arange(length) % 100
+        assert np.array_equal(a, (np.arange(length) % 100).astype(dtype))
