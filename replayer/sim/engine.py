@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from replayer.sim.cache import block_hashes
@@ -73,8 +74,8 @@ class Engine:
         self.core = Scheduler(config, self.stats)
         self.stats.num_gpu_blocks = self.core.pool.num_blocks
         self._wakeup = asyncio.Event()
-        self._deadline_s = 0.0
-        self._arrival_s = 0.0  # the latest submit: an idle engine steps from there
+        self._deadline_s = 0.0  # the modeled start of the next step
+        self._incoming: deque[Sequence] = deque()  # submitted, not yet scheduled
         self._stopped = False
 
     def submit(self, prompt_ids: list[int], output_tokens: int) -> Sequence:
@@ -91,9 +92,10 @@ class Engine:
             block_hashes(prompt_ids, self.config.block_size),
         )
         seq = Sequence(core, time.perf_counter())
-        self._arrival_s = seq.arrival_s
         core.handle = seq
-        self.core.add(core)
+        # Queued by its arrival: the step planned at a modeled start takes the
+        # requests that came by then, however late the loop gets to it.
+        self._incoming.append(seq)
         self._update_gauges()
         self._wakeup.set()
         return seq
@@ -103,7 +105,10 @@ class Engine:
         if seq.finished:
             return
         seq.finished = True
-        self.core.abort(seq.core)
+        if seq in self._incoming:
+            self._incoming.remove(seq)
+        else:
+            self.core.abort(seq.core)
         self._update_gauges()
         self._wakeup.set()
 
@@ -116,16 +121,24 @@ class Engine:
         self._deadline_s = max(self._deadline_s, time.perf_counter())
         try:
             while True:
+                self._admit(self._deadline_s)
                 if core.idle:
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
+                    if not self._incoming:
+                        self._wakeup.clear()
+                        await self._wakeup.wait()
+                        continue
                     # As in virtual time: a step starts when the engine is free or,
-                    # if it was idle, when the request came (not when the loop woke).
-                    self._deadline_s = max(self._deadline_s, self._arrival_s)
+                    # if it was idle, when the first request came (not when the loop
+                    # woke); those that came after it join the next step.
+                    self._deadline_s = max(
+                        self._deadline_s, self._incoming[0].arrival_s
+                    )
                     continue
                 step_s = 0.0
                 emitted: dict[Sequence, None] = {}
                 while True:
+                    if step_s:  # a coalesced step starts where the last ended
+                        self._admit(self._deadline_s + step_s)
                     result = core.step()
                     if result is None:
                         break
@@ -141,12 +154,20 @@ class Engine:
                 self._update_gauges()
         finally:
             self._stopped = True
+            self._admit(float("inf"))
             for req in [*core.waiting, *core.running]:
                 seq = req.handle
                 core.abort(req)
                 seq.finished = True
                 seq.error = "the simulated engine stopped"
                 seq.event.set()
+
+    def _admit(self, start_s: float) -> None:
+        """Hand the scheduler the requests that arrived by ``start_s``, the modeled
+        start of the step about to be planned, in the order they came."""
+        incoming = self._incoming
+        while incoming and incoming[0].arrival_s <= start_s:
+            self.core.add(incoming.popleft().core)
 
     async def _sleep(self, duration_s: float) -> None:
         # Steps are laid back to back on a deadline: neither Python overhead inside a
@@ -182,5 +203,5 @@ class Engine:
     def _update_gauges(self) -> None:
         stats, core = self.stats, self.core
         stats.running = len(core.running)
-        stats.waiting = len(core.waiting)
+        stats.waiting = len(core.waiting) + len(self._incoming)
         stats.kv_cache_usage = core.pool.usage

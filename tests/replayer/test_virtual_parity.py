@@ -5,6 +5,7 @@ for more) and so do the P90 latencies (within 5%)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -82,9 +83,35 @@ def _p90(rows: pd.DataFrame, column: str) -> float:
     return float(rows[column].astype(float).quantile(0.9))
 
 
+# The live run is the reference only while the host keeps up with the modeled steps
+# (20 ms and more): a client stalled for half a step can send a reply a step later
+# than virtual time does (the self-check's loop lag in run.json tells), and at the
+# KV's knee one such request moves evictions. Quiet, the lag stays under ~8 ms; beside
+# two processes churning memory it reached 20-56 ms, and 1-7 of 128 requests' cached
+# tokens differed. A run that lagged more is replayed, up to LIVE_TRIES in all; the
+# least lagged is compared.
+QUIET_LAG_MS = 10.0
+LIVE_TRIES = 3
+
+
+def _live(trace: Path, out: Path, lanes: int) -> tuple[pd.DataFrame, float]:
+    """The live rows of the least lagged of up to LIVE_TRIES runs, and its lag."""
+    best: tuple[pd.DataFrame, float] | None = None
+    for k in range(LIVE_TRIES):
+        rows = _replay(trace, out / str(k), lanes)
+        meta = json.loads((out / str(k) / "run.json").read_text())
+        lag = float(meta["client_check"]["loop_lag_ms"]["max"])
+        if best is None or lag < best[1]:
+            best = (rows, lag)
+        if lag <= QUIET_LAG_MS:
+            break
+    assert best is not None
+    return best
+
+
 @pytest.mark.parametrize("lanes", [1, 8, 16])
 def test_live_and_virtual_agree(trace: Path, tmp_path: Path, lanes: int) -> None:
-    live = _replay(trace, tmp_path / "live", lanes)
+    live, lag = _live(trace, tmp_path / "live", lanes)
     virtual = _replay(trace, tmp_path / "virtual", lanes, "--virtual", "sim")
     both = live.merge(virtual, on=KEY, suffixes=("_live", "_virtual"))
     assert len(both) == len(live) == len(virtual)
@@ -95,14 +122,15 @@ def test_live_and_virtual_agree(trace: Path, tmp_path: Path, lanes: int) -> None
     }
     said = (
         f"c{lanes}: {len(both)} requests, cached tokens differ on {len(differ)}; "
-        f"hit live {hit['live']:.3f}, virtual {hit['virtual']:.3f}"
+        f"hit live {hit['live']:.3f}, virtual {hit['virtual']:.3f}; live client "
+        f"loop lag max {lag:.1f} ms"
     )
-    # Exact at one lane. With more, a live request that reaches the server within
-    # the live path's own few ms of a step boundary can land one step from where
-    # the virtual one does; at the KV's knee that moves an eviction. At 8 lanes
-    # none of 128 did on a quiet machine, 2 beside three CPU burners, and 10 (8%)
-    # on a loaded CI host, while the hit rates stayed 0.2 points apart. So past one
-    # lane: at most a tenth of the requests, and the hit rates within a point.
+    # Exact at one lane. With more, a live request that reaches the server late
+    # (its client stalled) can land one step from where the virtual one does; at
+    # the KV's knee that moves an eviction. At 8 lanes none of 128 did on a quiet
+    # machine, and up to 10 (8%) on a loaded CI host, while the hit rates stayed
+    # within a point. So past one lane: at most a tenth of the requests, and the
+    # hit rates within a point.
     allowed = 0 if lanes == 1 else len(both) // 10
     assert len(differ) <= allowed, said
     assert hit["virtual"] == pytest.approx(hit["live"], abs=0.01), said
