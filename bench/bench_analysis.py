@@ -3,10 +3,11 @@ against a naive pandas implementation of the headline figures, both codes back t
 back in fresh processes (peak RSS of each its own).
 
     python bench/bench_analysis.py [--rows 10000000] [--repeats 3] [--dir DIR]
-        [--no-baseline] [--full-load]
+        [--part-rows 1000000] [--no-baseline] [--full-load]
 
-Writes the rows once as 1M-row zstd part files (``--dir``, default a temp folder
-kept for the next run), then alternates, per repeat: ours = ``load_run(compact=True)``
+Writes the rows once as zstd part files (``--dir``, default a temp folder kept for
+the next run): 1M rows a part, or ``--part-rows 5000`` as ``run`` writes them
+(thousands of small parts, each with its own session ids), then alternates, per repeat: ours = ``load_run(compact=True)``
 of ``summary.COLUMNS`` + ``summarize`` (what ``analyze`` does); the baseline =
 ``pd.read_parquet`` + :func:`naive`; with ``--full-load`` also the path before the
 compact load (``load_run`` of every column + ``summarize``). Prints each run's wall
@@ -33,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analysis.heap import hold_freed_memory
@@ -159,16 +161,26 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def write_run(path: Path, rows: int) -> None:
-    """The synthetic rows as a run directory: 1M-row zstd part files + run.json."""
+def write_run(path: Path, rows: int, part_rows: int = 1_000_000) -> None:
+    """The synthetic rows as a run directory: zstd part files + run.json. With
+    ``part_rows`` under 1M, each part's id columns carry only its own values (a
+    dictionary of the part's sessions), as the recorder writes its parts."""
     table = synthetic_table(rows)
     (path / "requests").mkdir(parents=True, exist_ok=True)
-    per = 1_000_000
-    for k, at in enumerate(range(0, rows, per)):
+    for k, at in enumerate(range(0, rows, part_rows)):
+        part = table.slice(at, part_rows)
+        if part_rows < 1_000_000:
+            part = pa.table(
+                [
+                    pc.dictionary_encode(c.cast(c.type.value_type))
+                    if pa.types.is_dictionary(c.type)
+                    else c
+                    for c in part.columns
+                ],
+                names=part.column_names,
+            )
         pq.write_table(
-            table.slice(at, per),
-            path / "requests" / f"part-000-{k:05d}.parquet",
-            compression="zstd",
+            part, path / "requests" / f"part-000-{k:05d}.parquet", compression="zstd"
         )
     (path / "run.json").write_text(json.dumps(RunMeta(run_id="bench").as_dict()))
 
@@ -227,11 +239,19 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument(
+        "--part-rows",
+        type=int,
+        default=1_000_000,
+        help="rows a part file (5000: as `run` writes them, each with its own ids)",
+    )
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--full-load", action="store_true")
     ap.add_argument("--child", choices=sorted(LABELS), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    path = args.dir or Path(tempfile.gettempdir()) / f"bench-analysis-{args.rows}"
+    path = args.dir or Path(tempfile.gettempdir()) / (
+        f"bench-analysis-{args.rows}-{args.part_rows}"
+    )
     if args.child:
         _say(json.dumps(child(args.child, path)))
         return
@@ -242,7 +262,7 @@ def main() -> None:
     )
     if not (path / "run.json").exists():
         t = time.perf_counter()
-        write_run(path, args.rows)
+        write_run(path, args.rows, args.part_rows)
         _say(f"wrote {args.rows:,} rows to {path} in {time.perf_counter() - t:.1f} s")
     codes = ["ours"] + ([] if args.no_baseline else ["naive"])
     codes += ["full"] if args.full_load else []
