@@ -88,31 +88,16 @@ def _p90(rows: pd.DataFrame, column: str) -> float:
 # than virtual time does (the self-check's loop lag in run.json tells), and at the
 # KV's knee one such request moves evictions. Quiet, the lag stays under ~8 ms; beside
 # two processes churning memory it reached 20-56 ms, and 1-7 of 128 requests' cached
-# tokens differed. A run that lagged more is replayed, up to LIVE_TRIES in all; the
-# least lagged is compared.
+# tokens differed. A live run that disagrees is replayed only when it lagged more
+# than QUIET_LAG_MS, up to LIVE_TRIES runs in all; a quiet one fails at once.
 QUIET_LAG_MS = 10.0
 LIVE_TRIES = 3
 
 
-def _live(trace: Path, out: Path, lanes: int) -> tuple[pd.DataFrame, float]:
-    """The live rows of the least lagged of up to LIVE_TRIES runs, and its lag."""
-    best: tuple[pd.DataFrame, float] | None = None
-    for k in range(LIVE_TRIES):
-        rows = _replay(trace, out / str(k), lanes)
-        meta = json.loads((out / str(k) / "run.json").read_text())
-        lag = float(meta["client_check"]["loop_lag_ms"]["max"])
-        if best is None or lag < best[1]:
-            best = (rows, lag)
-        if lag <= QUIET_LAG_MS:
-            break
-    assert best is not None
-    return best
-
-
-@pytest.mark.parametrize("lanes", [1, 8, 16])
-def test_live_and_virtual_agree(trace: Path, tmp_path: Path, lanes: int) -> None:
-    live, lag = _live(trace, tmp_path / "live", lanes)
-    virtual = _replay(trace, tmp_path / "virtual", lanes, "--virtual", "sim")
+def _disagreement(
+    live: pd.DataFrame, virtual: pd.DataFrame, lanes: int, lag: float
+) -> tuple[str, bool]:
+    """What the two runs measured, and whether they agree."""
     both = live.merge(virtual, on=KEY, suffixes=("_live", "_virtual"))
     assert len(both) == len(live) == len(virtual)
     differ = both[both["cached_tokens_live"] != both["cached_tokens_virtual"]]
@@ -132,10 +117,26 @@ def test_live_and_virtual_agree(trace: Path, tmp_path: Path, lanes: int) -> None
     # within a point. So past one lane: at most a tenth of the requests, and the
     # hit rates within a point.
     allowed = 0 if lanes == 1 else len(both) // 10
-    assert len(differ) <= allowed, said
-    assert hit["virtual"] == pytest.approx(hit["live"], abs=0.01), said
+    agree = len(differ) <= allowed and abs(hit["virtual"] - hit["live"]) <= 0.01
     for column in ("ttft_ns", "e2e_ns"):
         measured, predicted = _p90(live, column), _p90(virtual, column)
         said += f"; P90 {column} live {measured / 1e6:.1f} ms"
         said += f" virtual {predicted / 1e6:.1f} ms"
-        assert predicted == pytest.approx(measured, rel=0.05), said
+        agree = agree and abs(predicted - measured) <= 0.05 * measured
+    return said, agree
+
+
+@pytest.mark.parametrize("lanes", [1, 8, 16])
+def test_live_and_virtual_agree(trace: Path, tmp_path: Path, lanes: int) -> None:
+    virtual = _replay(trace, tmp_path / "virtual", lanes, "--virtual", "sim")
+    tries = []
+    for k in range(LIVE_TRIES):
+        out = tmp_path / f"live{k}"
+        live = _replay(trace, out, lanes)
+        meta = json.loads((out / "run.json").read_text())
+        lag = float(meta["client_check"]["loop_lag_ms"]["max"])
+        said, agree = _disagreement(live, virtual, lanes, lag)
+        tries.append(said)
+        if agree or lag <= QUIET_LAG_MS:
+            break
+    assert agree, " | ".join(tries)
