@@ -184,9 +184,9 @@ def load_run(
 _Read = tuple[pd.DataFrame, list[Path], dict[str, Any] | None]
 
 
-def _part_meta(pf: pq.ParquetFile) -> dict[str, Any] | None:
-    """The copy of run.json a part file carries, if any."""
-    raw = (pf.schema_arrow.metadata or {}).get(RUN_METADATA_KEY)
+def _part_meta(schema: pa.Schema) -> dict[str, Any] | None:
+    """The copy of run.json a part file (of this Arrow schema) carries, if any."""
+    raw = (schema.metadata or {}).get(RUN_METADATA_KEY)
     return _json_object(raw) if raw is not None else None
 
 
@@ -205,7 +205,7 @@ def _read_whole(parts: list[Path], wanted: list[str], problems: list[str]) -> _R
             problems.append(f"{part.name}: unreadable, skipped ({exc})")
             continue
         if meta is None:
-            meta = _part_meta(pf)
+            meta = _part_meta(pf.schema_arrow)
         tables.append(_conform(table, wanted))
         kept.append(part)
     if not tables:
@@ -236,8 +236,7 @@ def _read_compact(parts: list[Path], wanted: list[str], problems: list[str]) -> 
             problems.append(f"{part.name}: unreadable, skipped ({exc})")
             continue
         if meta is None:
-            raw = (schema.metadata or {}).get(RUN_METADATA_KEY)
-            meta = _json_object(raw) if raw is not None else None
+            meta = _part_meta(schema)
         opened.append(_Part(part, md, schema))
     try:
         try:
@@ -377,6 +376,8 @@ def _int_plan(opened: list[_Part], name: str) -> tuple[Any, int, int] | None:
         if not pa.types.is_integer(part.schema.field(name).type):
             return None
         at = _column_index(md, name)
+        if at is None:
+            return None
         for g in range(md.num_row_groups):
             group = md.row_group(g)
             stats = group.column(at).statistics
@@ -394,12 +395,13 @@ def _int_plan(opened: list[_Part], name: str) -> tuple[Any, int, int] | None:
     return _compact_int_dtype(lo, hi, nulls), lo, hi
 
 
-def _column_index(md: pq.FileMetaData, name: str) -> int:
+def _column_index(md: pq.FileMetaData, name: str) -> int | None:
+    """The Parquet column of flat column ``name``; None if it is not one."""
     schema = md.schema
     for i in range(len(schema)):
         if schema.column(i).path == name:
             return i
-    raise _StatsWrong  # not a flat column: read it whole
+    return None
 
 
 def _release_arrow_memory() -> None:
@@ -472,10 +474,7 @@ def _cast_into(col: pa.ChunkedArray, dtype: Any) -> Any:
         one = col.chunk(0).to_numpy(zero_copy_only=False)
         return one if one.dtype == dtype else one.astype(dtype)
     out = np.empty(len(col), dtype=dtype)
-    at = 0
-    for c in col.chunks:
-        out[at : at + len(c)] = c.to_numpy(zero_copy_only=False)
-        at += len(c)
+    _fill(out, col)
     return out
 
 

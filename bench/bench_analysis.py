@@ -7,12 +7,12 @@ back in fresh processes (peak RSS of each its own).
 
 Writes the rows once as zstd part files (``--dir``, default a temp folder kept for
 the next run): 1M rows a part, or ``--part-rows 5000`` as ``run`` writes them
-(thousands of small parts, each with its own session ids), then alternates, per repeat: ours = ``load_run(compact=True)``
-of ``summary.COLUMNS`` + ``summarize`` (what ``analyze`` does); the baseline =
-``pd.read_parquet`` + :func:`naive`; with ``--full-load`` also the path before the
-compact load (``load_run`` of every column + ``summarize``). Prints each run's wall
-time (load and summarize apart) and peak RSS, the medians and the ratio. Rows: 50
-requests per session, every other session a subagent of the one before it, 4 content
+(thousands of small parts, each with its own session ids), then alternates, per
+repeat: ours = ``load_run(compact=True)`` of ``summary.COLUMNS`` + ``summarize``
+(what ``analyze`` does); the baseline = ``pd.read_parquet`` + :func:`naive`; with
+``--full-load`` also the path before the compact load (``load_run`` of every column
++ ``summarize``). Prints each run's wall time (load and summarize apart) and peak
+RSS, the medians and the ratio. Rows: 50 requests per session, every other session a subagent of the one before it, 4 content
 chunks per request (some arriving two in one network read: 0 ns gaps), 3% errors, 5%
 warm-up.
 """
