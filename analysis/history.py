@@ -22,6 +22,7 @@ from analysis import metrics as m
 from analysis.compare import bootstrap, verdict
 from analysis.errors import HistoryError
 from replayer.records import RunMeta
+from replayer.records.parts import request_parts
 from traces.stats import percentiles
 
 if TYPE_CHECKING:
@@ -214,7 +215,7 @@ def part_files(run_dir: Path) -> list[str]:
     import pyarrow.parquet as pq
 
     out = []
-    for part in sorted((run_dir / "requests").glob("part-*.parquet")):
+    for part in request_parts(run_dir):
         try:
             pq.read_metadata(part)
         except (OSError, pa.ArrowException):

@@ -28,6 +28,7 @@ from replayer.records import (
     server_metrics_table,
 )
 from replayer.records.capacity import CapacityDoc
+from replayer.records.parts import request_parts
 from traces.model import Trace
 
 # Repeated strings are read dictionary-encoded (pandas categoricals): a 10M-row run's
@@ -158,7 +159,7 @@ def load_run(
     meta = _read_json(path / "run.json")
     if meta is None and (path / "run.json").exists():
         problems.append("run.json is not a JSON object; using the part files' copy")
-    parts = sorted((path / "requests").glob("part-*.parquet"))
+    parts = request_parts(path)
     read = _read_compact if compact else _read_whole
     requests, kept, part_meta = read(parts, wanted, problems)
     meta = meta if meta is not None else part_meta

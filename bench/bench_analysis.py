@@ -3,18 +3,23 @@ against a naive pandas implementation of the headline figures, both codes back t
 back in fresh processes (peak RSS of each its own).
 
     python bench/bench_analysis.py [--rows 10000000] [--repeats 3] [--dir DIR]
-        [--part-rows 1000000] [--no-baseline] [--full-load]
+        [--part-rows 1000000] [--compact] [--compression lz4] [--no-baseline]
+        [--full-load]
 
-Writes the rows once as zstd part files (``--dir``, default a temp folder kept for
-the next run): 1M rows a part, or ``--part-rows 5000`` as ``run`` writes them
-(thousands of small parts, each with its own session ids), then alternates, per
-repeat: ours = ``load_run(compact=True)`` of ``summary.COLUMNS`` + ``summarize``
-(what ``analyze`` does); the baseline = ``pd.read_parquet`` + :func:`naive`; with
-``--full-load`` also the path before the compact load (``load_run`` of every column
-+ ``summarize``). Prints each run's wall time (load and summarize apart) and peak
-RSS, the medians and the ratio. Rows: 50 requests per session, every other session a subagent of the one before it, 4 content
-chunks per request (some arriving two in one network read: 0 ns gaps), 3% errors, 5%
-warm-up.
+Writes the rows once as part files (``--dir``, default a temp folder kept for the
+next run): 1M rows a part, or ``--part-rows 5000`` as ``run`` writes them during a
+run (thousands of small parts, each with its own session ids), and with
+``--compact`` joined as ``run`` joins them when it ends (``--part-rows 5000
+--compact`` is the layout a finished run leaves; without ``--compact``, a killed
+one's). LZ4 as ``run`` writes them, or ``--compression zstd`` as earlier versions
+did. Then alternates, per repeat: ours = ``load_run(compact=True)`` of
+``summary.COLUMNS`` + ``summarize`` (what ``analyze`` does); the baseline =
+``pd.read_parquet`` + :func:`naive`; with ``--full-load`` also the path before the
+compact load (``load_run`` of every column + ``summarize``). Prints each run's wall
+time (load and summarize apart) and peak RSS, the medians and the ratio. Rows: 50
+requests per session, every other session a subagent of the one before it, 4
+content chunks per request (some arriving two in one network read: 0 ns gaps), 3%
+errors, 5% warm-up.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from analysis.heap import hold_freed_memory
 from analysis.load import load_run
 from analysis.summary import COLUMNS, summarize
 from replayer.records import RECORD_SCHEMA, RunMeta
+from replayer.records.parts import PART_COMPRESSION, compact_parts, part_name
 
 MS = 1_000_000
 
@@ -161,12 +167,23 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def write_run(path: Path, rows: int, part_rows: int = 1_000_000) -> None:
-    """The synthetic rows as a run directory: zstd part files + run.json. With
+def write_run(
+    path: Path,
+    rows: int,
+    part_rows: int = 1_000_000,
+    *,
+    compact: bool = False,
+    compression: str = PART_COMPRESSION,
+) -> None:
+    """The synthetic rows as a run directory: part files + run.json. With
     ``part_rows`` under 1M, each part's id columns carry only its own values (a
-    dictionary of the part's sessions), as the recorder writes its parts."""
+    dictionary of the part's sessions), as the recorder writes its parts; with
+    ``compact`` those parts are then joined as the recorder joins them when a run
+    ends (``compact_parts``)."""
     table = synthetic_table(rows)
     (path / "requests").mkdir(parents=True, exist_ok=True)
+    meta = RunMeta(run_id="bench")
+    count = 0
     for k, at in enumerate(range(0, rows, part_rows)):
         part = table.slice(at, part_rows)
         if part_rows < 1_000_000:
@@ -180,9 +197,14 @@ def write_run(path: Path, rows: int, part_rows: int = 1_000_000) -> None:
                 names=part.column_names,
             )
         pq.write_table(
-            part, path / "requests" / f"part-000-{k:05d}.parquet", compression="zstd"
+            part, path / "requests" / part_name(0, k), compression=compression
         )
-    (path / "run.json").write_text(json.dumps(RunMeta(run_id="bench").as_dict()))
+        count += 1
+    if compact:
+        compact_parts(
+            path / "requests", 0, count, json.dumps(meta.as_dict()).encode()
+        )
+    (path / "run.json").write_text(json.dumps(meta.as_dict()))
 
 
 def child(code: str, path: Path) -> dict[str, float]:
@@ -245,12 +267,24 @@ def main() -> None:
         default=1_000_000,
         help="rows a part file (5000: as `run` writes them, each with its own ids)",
     )
+    ap.add_argument(
+        "--compact",
+        action="store_true",
+        help="join the parts as a finished `run` does (with --part-rows 5000: "
+        "the layout `run` leaves)",
+    )
+    ap.add_argument(
+        "--compression",
+        default=PART_COMPRESSION,
+        help="of the part files (zstd: as earlier versions wrote them)",
+    )
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--full-load", action="store_true")
     ap.add_argument("--child", choices=sorted(LABELS), help=argparse.SUPPRESS)
     args = ap.parse_args()
     path = args.dir or Path(tempfile.gettempdir()) / (
-        f"bench-analysis-{args.rows}-{args.part_rows}"
+        f"bench-analysis-{args.rows}-{args.part_rows}-{args.compression}"
+        + ("-compact" if args.compact else "")
     )
     if args.child:
         _say(json.dumps(child(args.child, path)))
@@ -262,7 +296,13 @@ def main() -> None:
     )
     if not (path / "run.json").exists():
         t = time.perf_counter()
-        write_run(path, args.rows, args.part_rows)
+        write_run(
+            path,
+            args.rows,
+            args.part_rows,
+            compact=args.compact,
+            compression=args.compression,
+        )
         _say(f"wrote {args.rows:,} rows to {path} in {time.perf_counter() - t:.1f} s")
     codes = ["ours"] + ([] if args.no_baseline else ["naive"])
     codes += ["full"] if args.full_load else []

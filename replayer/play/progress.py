@@ -24,6 +24,7 @@ from replayer.records import (
     SteadyWindow,
     steady_window,
 )
+from replayer.records.parts import read_request_parts
 from traces.stats import percentiles
 
 _RECENT_TTFTS = 5000  # the status line's P90 is over the latest requests: bounded
@@ -254,14 +255,14 @@ def replay_outcome(
     p90: float | None = None
     out_tokens = 0.0
     steady: SteadyWindow | None = None
-    parts = sorted((run_dir / "requests").glob("part-*.parquet"))
-    if parts:
-        # Part by part (not pyarrow.dataset: its import alone, with pandas, costs
-        # a virtual replay of the Weka sample about 0.3 s).
-        columns = ["status", "ttft_ns", "output_tokens", "warmup", "start_ns", "end_ns"]
-        table = pa.concat_tables(
-            [pq.ParquetFile(part).read(columns=columns) for part in parts]
-        )
+    # Part by part (not pyarrow.dataset: its import alone, with pandas, costs a
+    # virtual replay of the Weka sample about 0.3 s).
+    columns = ["status", "ttft_ns", "output_tokens", "warmup", "start_ns", "end_ns"]
+    tables = read_request_parts(
+        run_dir, lambda part: pq.ParquetFile(part).read(columns=columns)
+    )
+    if tables:
+        table = pa.concat_tables(tables)
         sent = table.filter(pc.invert(pc.equal(table["status"], "skipped")))
         steady = steady_window(
             sent["start_ns"].to_numpy(),

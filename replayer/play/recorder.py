@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import json
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -14,6 +16,12 @@ import pyarrow.parquet as pq
 
 from replayer.errors import RecorderError
 from replayer.records import RUN_METADATA_KEY, RequestRecord, RunMeta, records_to_table
+from replayer.records.parts import (
+    PART_COMPRESSION,
+    compact_parts,
+    part_name,
+    write_part,
+)
 
 
 class ParquetRecorder:
@@ -21,7 +29,8 @@ class ParquetRecorder:
 
     ParquetRecorder: rows go into memory with a non-blocking put(); one writer task
     flushes them to a new part file every few seconds (a killed run loses at most the
-    last interval; every part file is a complete Parquet file). Always flushes on exit.
+    last interval; every part file is a complete Parquet file). Always flushes on exit,
+    then joins the parts into large ones (``compact_parts``) unless cancelled.
 
     One owner per mutable thing: the pending rows belong to the event loop (``put`` and
     the writer task swap the whole list there); a flush thread gets a batch of its own
@@ -36,6 +45,7 @@ class ParquetRecorder:
         flush_interval_s: float = 2.0,
         flush_rows: int = 5000,
         metadata: RunMeta | None = None,
+        compact: bool = True,
     ) -> None:
         self.dir = run_dir / "requests"
         self.worker_id = worker_id
@@ -53,6 +63,8 @@ class ParquetRecorder:
         self.rows_written = 0
         self.max_pending = 0  # peak queue depth: reported, never blocks the timed path
         self.flush_errors = 0
+        self.compact = compact
+        self.parts_compacted = 0
 
     def put(self, record: RequestRecord) -> None:
         """Queue a row; never blocks."""
@@ -107,8 +119,26 @@ class ParquetRecorder:
             cancelled = True
         if writer_error is not None:
             raise writer_error
+        if not cancelled and self.compact and self._seq > 1:
+            try:
+                await self._compact()
+            except asyncio.CancelledError:
+                cancelled = True
         if cancelled:
             raise asyncio.CancelledError
+
+    async def _compact(self) -> None:
+        """Join this worker's parts into large ones (``compact_parts``): a run's
+        thousands of small parts read several times slower. Every row is already
+        on disk; a cancel stops it after the part it is in."""
+        stop = threading.Event()
+
+        def join() -> None:
+            self.parts_compacted = compact_parts(
+                self.dir, self.worker_id, self._seq, self._metadata, stop=stop
+            )
+
+        await _finish(asyncio.ensure_future(asyncio.to_thread(join)), stop.set)
 
     async def _writer(self) -> None:
         while not self._closing:
@@ -142,15 +172,7 @@ class ParquetRecorder:
         table = records_to_table(rows).replace_schema_metadata(
             {RUN_METADATA_KEY: metadata}
         )
-        path = self.dir / f"part-{self.worker_id:03d}-{self._seq:05d}.parquet"
-        tmp = path.with_name("." + path.name + ".tmp")
-        try:
-            pq.write_table(table, tmp, compression="zstd")
-            tmp.replace(path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-            raise
+        write_part(table, self.dir / part_name(self.worker_id, self._seq))
         self._seq += 1
         self.rows_written += len(rows)
 
@@ -166,7 +188,7 @@ class ParquetRecorder:
                 refused.extend(rows)
                 error = exc
         if refused and error is not None:
-            path = self.dir / f"part-{self.worker_id:03d}-{self._seq:05d}.parquet"
+            path = self.dir / part_name(self.worker_id, self._seq)
             raise RecorderError(
                 f"{path}: cannot write {len(refused)} rows "
                 f"({error.strerror or error}); {self._rescue(refused)}"
@@ -178,21 +200,26 @@ class ParquetRecorder:
         name = f"replayer-rescue-{run_id}-{self.worker_id:03d}-{self._seq:05d}.parquet"
         rescue = Path(tempfile.gettempdir()) / name
         try:
-            pq.write_table(records_to_table(rows), rescue, compression="zstd")
+            pq.write_table(records_to_table(rows), rescue, compression=PART_COMPRESSION)
         except OSError as exc:
             return f"saving them to {rescue} failed too ({exc.strerror or exc})"
         self.rows_written += len(rows)
         return f"they were saved to {rescue}"
 
 
-async def _finish(task: asyncio.Future[None]) -> None:
-    """Await ``task`` to its end even if we are cancelled meanwhile; then re-raise."""
+async def _finish(
+    task: asyncio.Future[None], on_cancel: Callable[[], None] | None = None
+) -> None:
+    """Await ``task`` to its end even if we are cancelled meanwhile (``on_cancel``
+    called at each cancel); then re-raise."""
     cancelled = False
     while not task.done():
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
             cancelled = True
+            if on_cancel is not None:
+                on_cancel()
     task.result()
     if cancelled:
         raise asyncio.CancelledError

@@ -15,6 +15,7 @@ from replayer.config import Lanes, ReplayConfig
 from replayer.errors import ConfigError
 from replayer.play.progress import PLAIN_INTERVAL_S, ReplayOutcome, RunCounters
 from replayer.records import RayActor, RayInfo, RayLost, RunMeta
+from replayer.records.parts import request_parts
 from replayer.records.rundir import read_run_json, write_run_json
 from replayer.runner.workers import (
     STALL_S,
@@ -453,7 +454,7 @@ def _unfinished(
     from traces.io import read_trace
 
     trace = read_trace(trace_path, mooncake_rows=config.mooncake_rows)
-    parts = sorted((run_dir / "requests").glob("part-*.parquet"))
+    parts = request_parts(run_dir)
     rows: dict[str, int] = {}
     if parts:
         table = ds.dataset(parts, format="parquet").to_table(

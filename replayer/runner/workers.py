@@ -33,6 +33,7 @@ from replayer.play.progress import (
 )
 from replayer.play.selfcheck import merge_checks
 from replayer.records import RecordedConfig, RunCounts, RunMeta
+from replayer.records.parts import request_parts
 from replayer.records.rundir import read_run_json, write_run_json
 
 _START_DELAY_NS = 200_000_000  # after the barrier, so every worker waits at t0
@@ -472,7 +473,7 @@ def _worker_counts(run_dir: Path, worker_id: int) -> RunCounts:
     own = read_run_json(path).counts if path.is_file() else None
     if own is not None:
         return replace(own, trace_requests=0)
-    parts = sorted((run_dir / "requests").glob(f"part-{worker_id:03d}-*.parquet"))
+    parts = request_parts(run_dir, worker_id)
     if not parts:
         return RunCounts()
     columns = ["status", "error_type", "output_tokens", "requested_output_tokens"]

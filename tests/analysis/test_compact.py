@@ -26,6 +26,7 @@ from analysis.summary import COLUMNS, ITL_COLUMNS, summarize
 from analysis.text import format_summaries
 from replayer.cli import main
 from replayer.records import RECORD_SCHEMA, RequestRecord, records_to_table
+from replayer.records.parts import compact_parts, part_name, write_part
 from tests.analysis.conftest import run_meta
 from tests.builders import timed_record
 
@@ -348,3 +349,26 @@ def test_a_sweep_is_summarized_one_run_at_a_time(
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.output)["runs"]) == 4
     assert held_at_load == [0, 0, 0, 0]
+
+
+def test_a_compacted_run_gives_the_same_figures(tmp_path: Path) -> None:
+    # What ``run`` leaves: its small parts joined at the end (row groups and
+    # parts of other sizes, one dictionary a row group). Every figure the same.
+    rng = random.Random(11)
+    meta = run_meta()
+    folder = tmp_path / "requests"
+    folder.mkdir()
+    for k in range(9):
+        table = records_to_table(_records(rng, 150, k * 1000))
+        write_part(
+            table.replace_schema_metadata({"replayer.run": json.dumps(meta)}),
+            folder / part_name(0, k),
+        )
+    (tmp_path / "run.json").write_text(json.dumps(meta))
+    before, text = _figures(tmp_path)
+    joined = compact_parts(
+        folder, 0, 9, json.dumps(meta).encode(), part_rows=750, group_rows=256
+    )
+    assert joined == 9
+    assert len(load_run(tmp_path, columns=COLUMNS, compact=True).parts) == 2
+    assert _figures(tmp_path) == (before, text)
