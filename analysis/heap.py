@@ -3,7 +3,6 @@ cost the kernel's zeroing, seconds of a 10M-row analysis. See docs/benchmarks.md
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import mmap
 import platform
@@ -22,7 +21,7 @@ _M_ARENA_MAX = -8
 # alive at once (at 10M bench rows 1,835-1,914 MiB in 3 runs; 1,951-1,992 MiB with
 # no release, 1,824-1,949 MiB with a 128 MiB trim threshold beside the release).
 _TRIM_BYTES = 2**31 - 1
-# Arrays smaller than a huge page come from numpy as usual.
+# Arrays smaller than this come from numpy as usual.
 _HUGE_BYTES = 2**21
 
 
@@ -65,17 +64,17 @@ def release_free_memory() -> None:
 
 
 def page_array(length: int, dtype: Any) -> np.ndarray:
-    """An uninitialised array on anonymous pages of its own, huge pages asked for
-    (``MADV_HUGEPAGE``): for the loaded columns, which live through the whole
-    analysis. Under :func:`hold_freed_memory` numpy's arrays come from the heap,
-    faulted in 4 KiB at a time (at 10M rows twice the time of huge pages); the
-    pages go back when the array is freed."""
+    """An uninitialised array on anonymous pages of its own: for the loaded
+    columns, which live through the whole analysis. Under :func:`hold_freed_memory`
+    numpy's arrays come from the heap, where numpy asks for huge pages, and the
+    kernel compacts memory to find them as the pages are first written (at 10M
+    rows twice the time of plain pages). These stay 4 KiB pages: asked for huge
+    pages, a 10M-row load spent 2.6-2.9 s in the kernel against 0.8-1.1 s (three
+    runs each on the benchmark machine). The pages go back when the array is
+    freed."""
     dtype = np.dtype(dtype)
     nbytes = length * dtype.itemsize
     if nbytes < _HUGE_BYTES:
         return np.empty(length, dtype=dtype)
-    pages = mmap.mmap(-1, nbytes)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        with contextlib.suppress(OSError):
-            pages.madvise(mmap.MADV_HUGEPAGE)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return np.frombuffer(pages, dtype=dtype)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.metrics import column, is_warmup
+from analysis.metrics import column, is_warmup, plain_column
 
 _NS_PER_MS = 1e6
 TREE_COLUMNS = (
@@ -40,18 +40,30 @@ def _codes(df: pd.DataFrame) -> tuple[pd.Index, np.ndarray, np.ndarray, np.ndarr
     return names, sid, onto("parent_session_id"), onto("root_session_id")
 
 
+def _times(df: pd.DataFrame, name: str) -> np.ndarray:
+    """A time column: a plain integer one as it is (no nulls: exact, and no
+    float64 copy of 80 MB at 10M rows), else float64 with NaN for null. Its
+    values fit a float64 exactly (ns offsets under 104 days), so the roll-ups
+    are the same either way."""
+    raw = plain_column(df, name)
+    if raw is not None and raw.dtype.kind in "iu":
+        return raw
+    return column(df, name)
+
+
 def _sessions(
     df: pd.DataFrame, sid: np.ndarray, parent: np.ndarray, root: np.ndarray
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(sent rows with integer session codes, one row per session)."""
-    start = column(df, "start_ns")
-    end = column(df, "end_ns")
-    ttft = column(df, "ttft_ns")
-    sent = ~np.isnan(start)
+    start = _times(df, "start_ns")
+    end = _times(df, "end_ns")
+    ttft = _times(df, "ttft_ns")
+    sent = ~np.isnan(start) if start.dtype.kind == "f" else np.ones(1, dtype=bool)
     # Copies only where needed: at 10M rows each is 80 MB.
-    if np.isnan(end).any():  # a cancelled row may have no end: it held the
-        end = np.where(np.isnan(end), start, end)  # session until it was sent
-    if np.isnan(ttft).any():
+    if end.dtype.kind == "f" and np.isnan(end).any():  # a cancelled row may
+        # have no end: it held the session until it was sent
+        end = np.where(np.isnan(end), start, end)
+    if ttft.dtype.kind == "f" and np.isnan(ttft).any():
         ttft = np.nan_to_num(ttft)
     every = bool(sent.all())
     rows = pd.DataFrame(
@@ -79,7 +91,8 @@ def _sessions(
     per = rows.groupby("sid").agg(
         first_start=("start", "min"), last_end=("end", "max"), ttft=("ttft", "sum")
     )
-    per = meta.join(per, how="left")
+    # As floats from here on (one row a session), as if the rows had been.
+    per = meta.join(per.astype(np.float64), how="left")
     per["ttft"] = per["ttft"].fillna(0.0)
     return rows.drop(columns="ttft"), per  # the rest reads no TTFT
 
@@ -104,11 +117,11 @@ def _joins(rows: pd.DataFrame, per: pd.DataFrame) -> pd.DataFrame:
     # request (groupby-shift keeps row order within a group). Timsort: rows arrive
     # nearly in start order. Plain arrays, taken once: a 10M-row frame's take and
     # assign copied every column twice.
-    start = rows["start"].to_numpy()[mine]
+    start = rows["start"].to_numpy()[mine].astype(np.float64, copy=False)
     order = np.argsort(start, kind="stable")
     start = start[order]
     sid = sid[mine][order]
-    end = rows["end"].to_numpy()[mine][order]
+    end = rows["end"].to_numpy()[mine][order].astype(np.float64, copy=False)
     del mine, order
     prev_end = pd.Series(end, copy=False).groupby(sid).shift(1).to_numpy()
     del end

@@ -502,7 +502,7 @@ def _lag(df: pd.DataFrame) -> DispatchLag:
 # interpreter, about 2 GiB at 10M rows.
 PART_BYTES = {
     "itl": 72,  # = WORKING_BYTES: alone (its two describes run side by side)
-    "trees": 52,  # beside the small ones
+    "trees": 36,  # beside the latency part or a smaller one
     "depth": 44,  # beside the parts up to 28
     "latency": 25,
     "misses": 34,
