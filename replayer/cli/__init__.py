@@ -20,6 +20,7 @@ def _register_subcommands() -> None:
     from replayer.cli.analysis import analyze, compare, report
     from replayer.cli.calibrate import calibrate
     from replayer.cli.capacity import capacity
+    from replayer.cli.compact import compact
     from replayer.cli.demo import demo
     from replayer.cli.generate import generate
     from replayer.cli.history import history
@@ -40,6 +41,7 @@ def _register_subcommands() -> None:
         compare,
         report,
         history,
+        compact,
     ):
         main.add_command(command)
 

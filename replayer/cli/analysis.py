@@ -9,14 +9,21 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from replayer.cli.errors import CommandError, errors_as_messages
-from replayer.cli.params import BLOCK_TOKENS, SEED, TOKENS, count, parse_slo_option
+from replayer.cli.params import (
+    BLOCK_TOKENS,
+    DIRECTORY,
+    SEED,
+    TOKENS,
+    count,
+    parse_slo_option,
+)
 
 if TYPE_CHECKING:
     from analysis.load import Run
     from analysis.metrics import Slo
     from analysis.summary import Summary
 
-_RUN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+_RUN_DIR = DIRECTORY
 
 
 def _summaries(

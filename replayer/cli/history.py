@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from replayer.cli.errors import errors_as_messages
-from replayer.cli.params import SEED, TOKENS, count
+from replayer.cli.params import DIRECTORY, SEED, TOKENS, count
 
 if TYPE_CHECKING:
     from analysis.history import Filters
@@ -94,12 +94,7 @@ def history() -> None:
 
 
 @history.command("add")
-@click.argument(
-    "paths",
-    nargs=-1,
-    required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-)
+@click.argument("paths", nargs=-1, required=True, type=DIRECTORY)
 @_DB
 @click.option(
     "--trace",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -60,6 +61,8 @@ MAX_FACTOR = 1e3  # think-time scale: hour-long gaps stay within MAX_SECONDS
 MAX_RATE = 1e6
 
 SEED = count(0)  # numpy's generators take non-negative seeds only
+# A folder that must exist: run, sweep and capacity directories.
+DIRECTORY = click.Path(exists=True, file_okay=False, path_type=Path)
 LANES = count(1, MAX_LANES)
 PROCESSES = count(1, MAX_PROCESSES)
 SESSIONS = count(1, MAX_SESSIONS)

@@ -108,7 +108,7 @@ def compact_parts(
     folder: Path,
     worker_id: int,
     count: int,
-    metadata: bytes,
+    metadata: bytes | None,
     *,
     stop: threading.Event | None = None,
     part_rows: int = COMPACT_PART_ROWS,
@@ -117,7 +117,8 @@ def compact_parts(
     """Join worker ``worker_id``'s parts 0 to ``count - 1`` in ``folder`` into parts
     of up to ``part_rows`` rows (row groups of ``group_rows``), each named for the
     parts it holds; each joined part is removed once its compacted part is in
-    place. The rows, their order and their values do not change.
+    place. The rows, their order and their values do not change. ``metadata``:
+    the run metadata each joined part carries (None: its last part's).
 
     Never loses a row: a group whose parts cannot be read, differ in schema, or
     cannot be written (a full disk) is left as it was, and so is every group
@@ -153,7 +154,7 @@ def _join(
     folder: Path,
     worker_id: int,
     group: Sequence[tuple[int, Path, int]],
-    metadata: bytes,
+    metadata: bytes | None,
     group_rows: int,
 ) -> bool:
     """One compacted part from ``group``'s parts; False (nothing changed) when a
@@ -171,7 +172,12 @@ def _join(
                 table = pq.read_table(part)
                 plain = table.schema.remove_metadata()
                 if schema is None:
-                    schema = plain.with_metadata({RUN_METADATA_KEY: metadata})
+                    if metadata is None:  # the newest the group has
+                        newest = pq.read_schema(group[-1][1]).metadata or {}
+                        metadata = newest.get(RUN_METADATA_KEY)
+                    schema = plain.with_metadata(
+                        {} if metadata is None else {RUN_METADATA_KEY: metadata}
+                    )
                     writer = pq.ParquetWriter(tmp, schema, compression=PART_COMPRESSION)
                 elif not plain.equals(schema.remove_metadata()):
                     raise _Mixed
@@ -200,6 +206,29 @@ def _join(
         with contextlib.suppress(OSError):  # still covered: readers skip it
             part.unlink()
     return True
+
+
+def compact_run(run_dir: Path) -> tuple[int, int]:
+    """Join the small request parts of a run that has ended (one that was killed,
+    or written before runs joined their parts) as a finished run joins them: each
+    worker's parts not yet joined, in sequence order (a part a joined part already
+    holds is removed first: its rows are there). (part files before, after)."""
+    folder = run_dir / "requests"
+    before = sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []
+    kept = set(request_parts(run_dir))
+    workers: dict[int, int] = {}
+    for path in before:
+        m = _NAME.fullmatch(path.name)
+        if m is None:
+            continue
+        if path not in kept:
+            path.unlink(missing_ok=True)
+        elif m[3] is None:
+            worker, seq = int(m[1]), int(m[2])
+            workers[worker] = max(workers.get(worker, 0), seq + 1)
+    for worker, count in workers.items():
+        compact_parts(folder, worker, count, None)
+    return len(before), len(list(folder.glob("part-*.parquet")))
 
 
 class _Mixed(Exception):

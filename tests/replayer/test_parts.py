@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -204,3 +206,45 @@ def test_parts_joined_while_they_are_read_are_read_once(tmp_path: Path) -> None:
     tables = read_request_parts(tmp_path, read)
     assert pa.concat_tables(tables).equals(every.replace_schema_metadata(None))
     assert calls == 3  # two of the old list, then the joined part
+
+
+def test_compact_command_joins_a_killed_runs_parts(tmp_path: Path) -> None:
+    # A killed run: small parts, and a joined part whose parts were not all
+    # removed yet. The real CLI joins the rest; analyze gives the same figures.
+    run = tmp_path / "run"
+    folder = run / "requests"
+    every = _write(folder, [4, 4, 4, 5, 5, 5])
+    compact_parts(folder, 0, 2, META)  # parts 0-1 joined ...
+    write_part(_table(0, 4), folder / part_name(0, 0))  # ... part 0 not yet removed
+    (run / "run.json").write_text(json.dumps(RunMeta(run_id="r1").as_dict()))
+    analyze = [sys.executable, "-m", "replayer", "analyze", "--json", str(run)]
+    before = json.loads(subprocess.run(analyze, capture_output=True, check=True).stdout)
+    out = subprocess.run(
+        [sys.executable, "-m", "replayer", "compact", "--json", str(run)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout) == {
+        "runs": [{"run_dir": str(run), "parts_before": 6, "parts_after": 2}]
+    }
+    assert [p.name for p in request_parts(run)] == [
+        "part-000-00000-00001.parquet",
+        "part-000-00002-00005.parquet",
+    ]
+    assert _rows(run).equals(every.replace_schema_metadata(None))
+    after = json.loads(subprocess.run(analyze, capture_output=True, check=True).stdout)
+    assert after == before
+    assert after["requests"] == 27
+
+
+def test_compact_command_says_what_is_not_a_run(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "replayer", "compact", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        f"Error: {tmp_path}: not a run directory (no requests/)"
+    )
