@@ -248,9 +248,11 @@ def replay_outcome(
     interrupted: bool,
     warnings: tuple[str, ...] = (),
     client_check: ClientCheck | None = None,
+    worker_id: int | None = None,
 ) -> ReplayOutcome:
     """The outcome of a replay into ``run_dir``, from its part files (every
-    worker's): the headline figures come from what was recorded, never from
+    worker's, or worker ``worker_id``'s own: the others may still be joining
+    theirs): the headline figures come from what was recorded, never from
     in-memory lists."""
     p90: float | None = None
     out_tokens = 0.0
@@ -259,7 +261,7 @@ def replay_outcome(
     # virtual replay of the Weka sample about 0.3 s).
     columns = ["status", "ttft_ns", "output_tokens", "warmup", "start_ns", "end_ns"]
     tables = read_request_parts(
-        run_dir, lambda part: pq.ParquetFile(part).read(columns=columns)
+        run_dir, lambda part: pq.ParquetFile(part).read(columns=columns), worker_id
     )
     if tables:
         table = pa.concat_tables(tables)

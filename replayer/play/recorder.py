@@ -30,7 +30,8 @@ class ParquetRecorder:
     ParquetRecorder: rows go into memory with a non-blocking put(); one writer task
     flushes them to a new part file every few seconds (a killed run loses at most the
     last interval; every part file is a complete Parquet file). Always flushes on exit,
-    then joins the parts into large ones (``compact_parts``) unless cancelled.
+    then, at the end of a run that ended as planned, joins the parts into large
+    ones (``compact_parts``).
 
     One owner per mutable thing: the pending rows belong to the event loop (``put`` and
     the writer task swap the whole list there); a flush thread gets a batch of its own
@@ -119,7 +120,9 @@ class ParquetRecorder:
             cancelled = True
         if writer_error is not None:
             raise writer_error
-        if not cancelled and self.compact and self._seq > 1:
+        # Joined only at the end of a run that ended as planned: a stopped or
+        # failed one keeps its parts (``replayer compact`` joins them later).
+        if exc_type is None and not cancelled and self.compact and self._seq > 1:
             try:
                 await self._compact()
             except asyncio.CancelledError:

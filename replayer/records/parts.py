@@ -5,8 +5,11 @@ large ones. See docs/run-directory.md#part-files."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import secrets
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -58,15 +61,35 @@ def request_parts(run_dir: Path, worker_id: int | None = None) -> list[Path]:
         elif worker_id is None or int(m[1]) == worker_id:
             last = None if m[3] is None else int(m[3])
             named.append((int(m[1]), int(m[2]), last, path))
-    covered = {
-        (worker, seq)
-        for worker, first, last, _ in named
-        if last is not None
-        for seq in range(first, last + 1)
-    }
-    kept = [p for p in named if p[2] is not None or (p[0], p[1]) not in covered]
+    present = {(worker, seq) for worker, seq, last, _ in named if last is None}
+    covered: set[tuple[int, int]] = set()
+    unreadable: set[Path] = set()
+    for worker, first, last, path in named:
+        if last is None:
+            continue
+        held = {(worker, seq) for seq in range(first, last + 1)}
+        # A joined part beside parts it holds: a run stopped between the two
+        # steps, or one whose joined part did not reach the disk whole (a power
+        # loss). Those parts are left out only when its footer reads.
+        if held & present and not _readable(path):
+            unreadable.add(path)
+            continue
+        covered |= held
+    kept = [
+        p
+        for p in named
+        if p[3] not in unreadable and (p[2] is not None or (p[0], p[1]) not in covered)
+    ]
     kept.sort(key=lambda p: (p[0], p[1]))
     return [p[3] for p in kept] + other
+
+
+def _readable(path: Path) -> bool:
+    try:
+        pq.read_metadata(path)
+    except (OSError, pa.ArrowException):
+        return False
+    return True
 
 
 def read_request_parts(
@@ -79,12 +102,14 @@ def read_request_parts(
     for _ in range(_RELISTS):
         with contextlib.suppress(FileNotFoundError):
             return [read(part) for part in request_parts(run_dir, worker_id)]
+        time.sleep(_RELIST_PAUSE_S)
     return [read(part) for part in request_parts(run_dir, worker_id)]
 
 
-# Times the parts are listed again when one is gone as it is read: each time
-# means a worker finished joining a group meanwhile, which takes a second or so.
+# Times the parts are listed again when one is gone as it is read, and the pause
+# before each: a worker joins a group of parts in a second or so.
 _RELISTS = 20
+_RELIST_PAUSE_S = 0.1
 
 
 def write_part(table: pa.Table, path: Path) -> None:
@@ -158,10 +183,12 @@ def _join(
     group_rows: int,
 ) -> bool:
     """One compacted part from ``group``'s parts; False (nothing changed) when a
-    part cannot be read or the disk refuses the write."""
+    part cannot be read or the disk refuses the write. The joined part is on the
+    disk (fsync, file and folder) before a part it holds is removed; its temporary
+    file is this process's own, so two joins of one group do not mix."""
     first, last = group[0][0], group[-1][0]
     path = folder / part_name(worker_id, first, last)
-    tmp = path.with_name("." + path.name + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     schema: pa.Schema | None = None
     held: list[pa.Table] = []
     held_rows = 0
@@ -197,7 +224,9 @@ def _join(
         finally:
             if writer is not None:
                 writer.close()
+        _sync(tmp)
         tmp.replace(path)
+        _sync(folder)
     except (OSError, pa.ArrowException, _Mixed):
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
@@ -208,24 +237,40 @@ def _join(
     return True
 
 
+def _sync(path: Path) -> None:
+    """fsync a file or a folder (the latter where the system allows it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not path.is_dir():
+            raise
+    finally:
+        os.close(fd)
+
+
 def compact_run(run_dir: Path) -> tuple[int, int]:
     """Join the small request parts of a run that has ended (one that was killed,
     or written before runs joined their parts) as a finished run joins them: each
-    worker's parts not yet joined, in sequence order (a part a joined part already
-    holds is removed first: its rows are there). (part files before, after)."""
+    worker's parts not yet joined, in sequence order. A part that a joined part
+    (whose footer reads) already holds is removed first: its rows are there; so is
+    a join's temporary file left by a run killed in it. (part files before,
+    after)."""
     folder = run_dir / "requests"
     before = sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []
     kept = set(request_parts(run_dir))
     workers: dict[int, int] = {}
     for path in before:
         m = _NAME.fullmatch(path.name)
-        if m is None:
+        if m is None or path in kept:
+            if m is not None and m[3] is None:
+                worker, seq = int(m[1]), int(m[2])
+                workers[worker] = max(workers.get(worker, 0), seq + 1)
             continue
-        if path not in kept:
+        if m[3] is None:  # held by a joined part whose footer reads
             path.unlink(missing_ok=True)
-        elif m[3] is None:
-            worker, seq = int(m[1]), int(m[2])
-            workers[worker] = max(workers.get(worker, 0), seq + 1)
+    for stale in folder.glob(".part-*.tmp") if folder.is_dir() else []:
+        stale.unlink(missing_ok=True)  # a join the run did not finish
     for worker, count in workers.items():
         compact_parts(folder, worker, count, None)
     return len(before), len(list(folder.glob("part-*.parquet")))

@@ -357,6 +357,9 @@ async def replay_trace(
         interrupted=interrupted,
         warnings=tuple(meta.warnings),
         client_check=meta.client_check,
+        # Its own rows: in a run of several workers the others may still be
+        # joining their parts (their driver sums every worker's at the end).
+        worker_id=worker_id,
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from replayer.records import RUN_METADATA_KEY, RunMeta, records_to_table
 from replayer.records import parts as parts_mod
 from replayer.records.parts import (
     compact_parts,
+    compact_run,
     part_name,
     read_request_parts,
     request_parts,
@@ -29,6 +31,7 @@ from replayer.records.parts import (
 from tests.builders import make_record
 
 META = json.dumps(RunMeta(run_id="r1").as_dict()).encode()
+_NAME_SMALL = re.compile(r"part-000-\d{5}\.parquet")
 
 
 def _table(first: int, n: int) -> pa.Table:
@@ -110,6 +113,8 @@ def test_request_parts_orders_by_worker_then_sequence(tmp_path: Path) -> None:
         "part-extra.parquet",
     ):
         (folder / name).write_bytes(b"")
+    # Beside a part it holds, a joined part is trusted only if its footer reads.
+    write_part(_table(0, 3), folder / "part-000-00003-00010.parquet")
     assert [p.name for p in request_parts(tmp_path)] == [
         "part-000-00003-00010.parquet",
         "part-000-99999.parquet",
@@ -180,8 +185,9 @@ async def test_recorder_compacts_its_parts_on_exit(tmp_path: Path) -> None:
         for i in range(10):
             rec.put(make_record(run_id="r1", session_id="s", request_index=i))
             if i % 3 == 2:
-                while rec.rows_written <= i - 1:  # noqa: ASYNC110 - a thread writes
-                    await asyncio.sleep(0.001)
+                async with asyncio.timeout(30):  # a failed flush fails, not hangs
+                    while rec.rows_written <= i - 1:  # noqa: ASYNC110 - a thread
+                        await asyncio.sleep(0.001)
     names = [p.name for p in (tmp_path / "requests").iterdir()]
     assert names == ["part-000-00000-00003.parquet"]
     assert rec.parts_compacted == 4
@@ -248,3 +254,47 @@ def test_compact_command_says_what_is_not_a_run(tmp_path: Path) -> None:
     assert out.stderr.strip() == (
         f"Error: {tmp_path}: not a run directory (no requests/)"
     )
+
+
+async def test_a_run_that_stopped_on_an_error_keeps_its_parts(tmp_path: Path) -> None:
+    rec = ParquetRecorder(tmp_path, flush_rows=2)
+
+    async def record() -> None:
+        async with rec:
+            for i in range(6):
+                rec.put(make_record(run_id="r1", session_id="s", request_index=i))
+                await asyncio.sleep(0.05)  # the writer flushes each pair
+            raise RuntimeError("stopped")
+
+    with pytest.raises(RuntimeError, match="stopped"):
+        await record()
+    names = sorted(p.name for p in (tmp_path / "requests").iterdir())
+    assert len(names) >= 2
+    assert all(_NAME_SMALL.fullmatch(n) for n in names)
+    assert rec.parts_compacted == 0
+    assert _rows(tmp_path).column("request_index").to_pylist() == list(range(6))
+
+
+def test_an_unreadable_joined_part_does_not_hide_the_parts_it_names(
+    tmp_path: Path,
+) -> None:
+    # A power loss after the rename: the joined part's name is there, its bytes
+    # not. The parts it would hold are read, and compact joins them again.
+    run = tmp_path / "run"
+    folder = run / "requests"
+    every = _write(folder, [3, 3, 3])
+    (folder / part_name(0, 0, 2)).write_bytes(b"")
+    (folder / ".part-000-00000-00002.parquet.123-ab.tmp").write_bytes(b"half")
+    assert [p.name for p in request_parts(run)] == [part_name(0, k) for k in range(3)]
+    assert compact_run(run) == (4, 1)
+    assert sorted(p.name for p in folder.iterdir()) == [part_name(0, 0, 2)]
+    assert _rows(run).equals(every.replace_schema_metadata(None))
+
+
+def test_a_workers_outcome_reads_its_own_parts(tmp_path: Path) -> None:
+    folder = tmp_path / "requests"
+    _write(folder, [2, 2], worker=0)
+    _write(folder, [5], worker=1)
+    one = read_request_parts(tmp_path, lambda p: pq.read_metadata(p).num_rows, 1)
+    every = read_request_parts(tmp_path, lambda p: pq.read_metadata(p).num_rows)
+    assert (one, every) == ([5], [2, 2, 5])
