@@ -22,7 +22,7 @@ from analysis import metrics as m
 from analysis.compare import bootstrap, verdict
 from analysis.errors import HistoryError
 from replayer.records import RunMeta
-from replayer.records.parts import request_parts
+from replayer.records.parts import footer_reads, request_parts
 from traces.stats import percentiles
 
 if TYPE_CHECKING:
@@ -212,16 +212,7 @@ def config_name(server: dict[str, Any], meta: RunMeta) -> str:
 def part_files(run_dir: Path) -> list[str]:
     """The run's readable request part files (DuckDB reads them in place); one a
     crash left without its footer is skipped, as ``analysis.load.load_run`` does."""
-    import pyarrow.parquet as pq
-
-    out = []
-    for part in request_parts(run_dir):
-        try:
-            pq.read_metadata(part)
-        except (OSError, pa.ArrowException):
-            continue
-        out.append(str(part))
-    return out
+    return [str(part) for part in request_parts(run_dir) if footer_reads(part)]
 
 
 _MEASURED = "status = 'ok' AND NOT coalesce(warmup, false)"

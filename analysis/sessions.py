@@ -58,24 +58,21 @@ def _sessions(
     start = _times(df, "start_ns")
     end = _times(df, "end_ns")
     ttft = _times(df, "ttft_ns")
-    sent = ~np.isnan(start) if start.dtype.kind == "f" else np.ones(1, dtype=bool)
-    # Copies only where needed: at 10M rows each is 80 MB.
+    # Copies only where needed: at 10M rows each is 80 MB (only a float column,
+    # one with nulls, has NaN).
     if end.dtype.kind == "f" and np.isnan(end).any():  # a cancelled row may
         # have no end: it held the session until it was sent
         end = np.where(np.isnan(end), start, end)
     if ttft.dtype.kind == "f" and np.isnan(ttft).any():
         ttft = np.nan_to_num(ttft)
-    every = bool(sent.all())
+    who = sid
+    if start.dtype.kind == "f" and np.isnan(start).any():  # rows never sent
+        sent = ~np.isnan(start)
+        who, start, end, ttft = sid[sent], start[sent], end[sent], ttft[sent]
     rows = pd.DataFrame(
-        {
-            "sid": sid if every else sid[sent],
-            "start": start if every else start[sent],
-            "end": end if every else end[sent],
-            "ttft": ttft if every else ttft[sent],
-        },
-        copy=False,
+        {"sid": who, "start": start, "end": end, "ttft": ttft}, copy=False
     )
-    del start, end, ttft
+    del who, start, end, ttft
     # First row of each session, O(n): later writes of a reversed range win.
     n = sid.size
     first = np.zeros(int(sid.max()) + 1 if n else 0, dtype=np.int64)

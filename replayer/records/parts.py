@@ -71,7 +71,7 @@ def request_parts(run_dir: Path, worker_id: int | None = None) -> list[Path]:
         # A joined part beside parts it holds: a run stopped between the two
         # steps, or one whose joined part did not reach the disk whole (a power
         # loss). Those parts are left out only when its footer reads.
-        if held & present and not _readable(path):
+        if held & present and not footer_reads(path):
             unreadable.add(path)
             continue
         covered |= held
@@ -84,7 +84,8 @@ def request_parts(run_dir: Path, worker_id: int | None = None) -> list[Path]:
     return [p[3] for p in kept] + other
 
 
-def _readable(path: Path) -> bool:
+def footer_reads(path: Path) -> bool:
+    """Whether ``path``'s Parquet footer reads (a part a crash cut short does not)."""
     try:
         pq.read_metadata(path)
     except (OSError, pa.ArrowException):
@@ -262,13 +263,13 @@ def compact_run(run_dir: Path) -> tuple[int, int]:
     workers: dict[int, int] = {}
     for path in before:
         m = _NAME.fullmatch(path.name)
-        if m is None or path in kept:
-            if m is not None and m[3] is None:
-                worker, seq = int(m[1]), int(m[2])
-                workers[worker] = max(workers.get(worker, 0), seq + 1)
+        if m is None or m[3] is not None:  # not a part, or a joined one
             continue
-        if m[3] is None:  # held by a joined part whose footer reads
+        if path not in kept:  # held by a joined part whose footer reads
             path.unlink(missing_ok=True)
+            continue
+        worker, seq = int(m[1]), int(m[2])
+        workers[worker] = max(workers.get(worker, 0), seq + 1)
     for stale in folder.glob(".part-*.tmp") if folder.is_dir() else []:
         stale.unlink(missing_ok=True)  # a join the run did not finish
     for worker, count in workers.items():
