@@ -1,17 +1,43 @@
 """Offline analysis of run directories: metrics, summaries, comparisons and reports.
 
-Imports ``traces`` and ``replayer.records`` only; never aiohttp.
+Imports ``traces`` and ``replayer.records`` only; never aiohttp. The names below load
+on first use, so ``import analysis.heap`` alone imports no pandas or Arrow: a process
+sets up its heap (:func:`analysis.heap.hold_freed_memory`) before Arrow's threads
+start.
 """
 
 from __future__ import annotations
 
-from analysis.compare import compare_runs
-from analysis.errors import AnalysisError, SloError
-from analysis.load import Run, Sweep, load_run, load_sweep
-from analysis.metrics import Slo, parse_slo, percentile
-from analysis.sessions import session_trees
-from analysis.summary import Summary, summarize
-from analysis.sweep import pareto_front, sweep_table
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from analysis.compare import compare_runs
+    from analysis.errors import AnalysisError, SloError
+    from analysis.load import Run, Sweep, load_run, load_sweep
+    from analysis.metrics import Slo, parse_slo, percentile
+    from analysis.sessions import session_trees
+    from analysis.summary import Summary, summarize
+    from analysis.sweep import pareto_front, sweep_table
+
+# Each public name: the module that defines it.
+_WHERE = {
+    "AnalysisError": "analysis.errors",
+    "Run": "analysis.load",
+    "Slo": "analysis.metrics",
+    "SloError": "analysis.errors",
+    "Summary": "analysis.summary",
+    "Sweep": "analysis.load",
+    "compare_runs": "analysis.compare",
+    "load_run": "analysis.load",
+    "load_sweep": "analysis.load",
+    "pareto_front": "analysis.sweep",
+    "parse_slo": "analysis.metrics",
+    "percentile": "analysis.metrics",
+    "session_trees": "analysis.sessions",
+    "summarize": "analysis.summary",
+    "sweep_table": "analysis.sweep",
+}
 
 __all__ = [
     "AnalysisError",
@@ -30,3 +56,16 @@ __all__ = [
     "summarize",
     "sweep_table",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'analysis' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value  # the next lookup is a plain one
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

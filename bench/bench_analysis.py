@@ -36,13 +36,20 @@ import tempfile
 import time
 from pathlib import Path
 
+from analysis.heap import hold_freed_memory
+
+if __name__ == "__main__" and "--child" in sys.argv:
+    # A timed code's process sets its heap up as `analyze` does: before pandas and
+    # Arrow are imported (Arrow starts a thread at import, and glibc fixes its
+    # arenas at a thread's first allocation).
+    hold_freed_memory()
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analysis.heap import hold_freed_memory
 from analysis.load import load_run
 from analysis.summary import COLUMNS, summarize
 from replayer.records import RECORD_SCHEMA, RunMeta
@@ -211,16 +218,14 @@ def write_run(
         )
         count += 1
     if compact:
-        compact_parts(
-            path / "requests", 0, count, json.dumps(meta.as_dict()).encode()
-        )
+        compact_parts(path / "requests", 0, count, json.dumps(meta.as_dict()).encode())
     (path / "run.json").write_text(json.dumps(meta.as_dict()))
 
 
 def child(code: str, path: Path) -> dict[str, float]:
     """One timed code in this (fresh) process: seconds, peak RSS, a few figures.
-    Freed memory is held for reuse, as ``analyze`` does (for every code alike)."""
-    hold_freed_memory()
+    Freed memory is held for reuse, as ``analyze`` does (for every code alike; set
+    up at import, before pandas and Arrow)."""
     t = time.perf_counter()
     if code == "naive":
         df = pd.read_parquet(path / "requests")
@@ -323,8 +328,9 @@ def main() -> None:
             results[code].append(r)
             _say(
                 f"{LABELS[code]} run {rep + 1}: {r['total_s']:.2f} s (load "
-                f"{r['load_s']:.2f} s + {r['compute_s']:.2f} s; CPU {r['cpu_s']:.1f} s), peak RSS "
-                f"{r['peak_mib']:,.0f} MiB (TTFT p90 {r['ttft_p90_ms']:.3f} ms)"
+                f"{r['load_s']:.2f} s + {r['compute_s']:.2f} s; CPU "
+                f"{r['cpu_s']:.1f} s), peak RSS {r['peak_mib']:,.0f} MiB "
+                f"(TTFT p90 {r['ttft_p90_ms']:.3f} ms)"
             )
     medians = {}
     for code, runs in results.items():

@@ -168,12 +168,15 @@ def analyze(
     Report v0.2, with the same figures.
     """
     from analysis.heap import hold_freed_memory
+
+    # A one-shot process: freed arrays' pages reused. Before pandas and Arrow are
+    # imported (Arrow starts a thread, which would fix glibc's arenas first).
+    hold_freed_memory()
     from analysis.load import load_capacity
     from analysis.sweep import sweep_table
     from analysis.text import format_positions, format_summaries, format_sweep
     from replayer.cli.output import echo_json
 
-    hold_freed_memory()  # a one-shot process: freed arrays' pages reused
     with errors_as_messages():
         paths, sweeps = _run_dirs(run_dirs)
         summaries = _summarized(paths, **options)

@@ -5,12 +5,35 @@ from __future__ import annotations
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
+import pytest
+
+from replayer.records import RequestRecord
+
+_GLIBC = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
+
+# Prints glibc's arenas at exit (malloc_stats writes "Arena N:" lines to stderr).
+_ARENAS_AT_EXIT = (
+    "import atexit, ctypes, sys\n"
+    "atexit.register(lambda: (sys.stderr.flush(), ctypes.CDLL(None).malloc_stats()))\n"
+)
+
+
+def _arenas(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("Arena ")]
+
+
+def _child(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run in a fresh interpreter (the heap settings are process-wide)."""
+    return subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    )
 
 
 def test_hold_and_release_freed_memory_on_glibc_and_arrays_still_work() -> None:
-    # In a child: the setting is process-wide.
     code = (
         "import numpy as np\n"
         "from analysis.heap import hold_freed_memory, release_free_memory\n"
@@ -21,11 +44,7 @@ def test_hold_and_release_freed_memory_on_glibc_and_arrays_still_work() -> None:
         "    del a\n"
         "    release_free_memory()\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    glibc = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
-    assert out == str(glibc)
+    assert _child(code).stdout.strip() == str(_GLIBC)
 
 
 def test_page_arrays_hold_what_is_written() -> None:
@@ -38,3 +57,44 @@ def test_page_arrays_hold_what_is_written() -> None:
         assert a.flags.writeable
         a[:] = np.arange(length) % 100
         assert np.array_equal(a, (np.arange(length) % 100).astype(dtype))
+
+
+@pytest.mark.skipif(not _GLIBC, reason="glibc's heap")
+def test_held_memory_is_one_heap_for_every_thread_after_arrow_starts() -> None:
+    # Arrow starts a thread at import, and glibc fixes how many heaps (arenas)
+    # its threads get at that thread's first allocation: hold_freed_memory must
+    # come first, so its one heap holds, and importing analysis.heap (the
+    # package) must not import pandas or Arrow.
+    code = _ARENAS_AT_EXIT + (
+        "from analysis.heap import hold_freed_memory\n"
+        "assert 'pyarrow' not in sys.modules and 'pandas' not in sys.modules\n"
+        "hold_freed_memory()\n"
+        "import threading\n"
+        "import numpy as np\n"
+        "import pandas, pyarrow\n"
+        "def work():\n"
+        "    for _ in range(3):\n"
+        "        a = np.ones(10_000_000)\n"
+        "        del a\n"
+        "threads = [threading.Thread(target=work) for _ in range(4)]\n"
+        "for t in threads: t.start()\n"
+        "for t in threads: t.join()\n"
+    )
+    assert _arenas(_child(code).stderr) == ["Arena 0:"]
+
+
+@pytest.mark.skipif(not _GLIBC, reason="glibc's heap")
+def test_analyze_holds_one_heap(
+    tmp_path: Path,
+    rec: Callable[..., RequestRecord],
+    make_run_dir: Callable[..., Path],
+) -> None:
+    records = [
+        rec(session_id=f"s{i // 5}", request_index=i % 5, start_ns=i * 1_000_000)
+        for i in range(200)
+    ]
+    run = make_run_dir(tmp_path / "run", records, parts=3)
+    code = _ARENAS_AT_EXIT + (
+        f"from replayer.cli import main\nmain(['analyze', {str(run)!r}, '--json'])\n"
+    )
+    assert _arenas(_child(code).stderr) == ["Arena 0:"]
