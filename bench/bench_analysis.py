@@ -53,7 +53,12 @@ import pyarrow.parquet as pq
 from analysis.load import load_run
 from analysis.summary import COLUMNS, summarize
 from replayer.records import RECORD_SCHEMA, RunMeta
-from replayer.records.parts import PART_COMPRESSION, compact_parts, part_name
+from replayer.records.parts import (
+    PART_COMPRESSION,
+    compact_parts,
+    part_name,
+    part_write_options,
+)
 
 MS = 1_000_000
 
@@ -214,7 +219,9 @@ def write_run(
                 names=part.column_names,
             )
         pq.write_table(
-            part, path / "requests" / part_name(0, k), compression=compression
+            part,
+            path / "requests" / part_name(0, k),
+            **{**part_write_options(part.column_names), "compression": compression},
         )
         count += 1
     if compact:

@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 from replayer.errors import RecorderError
 from replayer.records import RUN_METADATA_KEY, RequestRecord, RunMeta, records_to_table
 from replayer.records.parts import (
-    PART_COMPRESSION,
     compact_parts,
     part_name,
+    part_write_options,
     write_part,
 )
 
@@ -203,7 +203,8 @@ class ParquetRecorder:
         name = f"replayer-rescue-{run_id}-{self.worker_id:03d}-{self._seq:05d}.parquet"
         rescue = Path(tempfile.gettempdir()) / name
         try:
-            pq.write_table(records_to_table(rows), rescue, compression=PART_COMPRESSION)
+            table = records_to_table(rows)
+            pq.write_table(table, rescue, **part_write_options(table.column_names))
         except OSError as exc:
             return f"saving them to {rescue} failed too ({exc.strerror or exc})"
         self.rows_written += len(rows)

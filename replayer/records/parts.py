@@ -17,13 +17,28 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replayer.records.rows import RUN_METADATA_KEY
+from replayer.records.rows import RECORD_SCHEMA, RUN_METADATA_KEY
 
 T = TypeVar("T")
 
 # LZ4 (Parquet's LZ4_RAW): reads 2.3x faster than zstd at 20% more bytes on a
 # run's columns (docs/benchmarks.md); every Parquet reader of note reads it.
 PART_COMPRESSION = "lz4"
+
+# The nanosecond columns (times, waits and chunk stamps) are written without a
+# dictionary: nanosecond values seldom repeat, so a dictionary page fills early
+# in a row group and the rest falls back to plain anyway; written plain they take
+# fewer bytes and less time to write, and read faster (docs/benchmarks.md).
+PLAIN_COLUMNS = frozenset(n for n in RECORD_SCHEMA.names if n.endswith("_ns"))
+
+
+def part_write_options(names: Sequence[str]) -> dict[str, object]:
+    """The Parquet writer options of a part file with columns ``names``."""
+    return {
+        "compression": PART_COMPRESSION,
+        "use_dictionary": [n for n in names if n not in PLAIN_COLUMNS],
+    }
+
 
 # Rows a compacted part holds at most, and a row group of it: a row group is what
 # the analysis reads at a time, and what compaction holds in memory.
@@ -122,7 +137,7 @@ def write_part(table: pa.Table, path: Path) -> None:
     """
     tmp = path.with_name("." + path.name + ".tmp")
     try:
-        pq.write_table(table, tmp, compression=PART_COMPRESSION)
+        pq.write_table(table, tmp, **part_write_options(table.column_names))
         tmp.replace(path)
     except OSError:
         with contextlib.suppress(OSError):
@@ -206,7 +221,9 @@ def _join(
                     schema = plain.with_metadata(
                         {} if metadata is None else {RUN_METADATA_KEY: metadata}
                     )
-                    writer = pq.ParquetWriter(tmp, schema, compression=PART_COMPRESSION)
+                    writer = pq.ParquetWriter(
+                        tmp, schema, **part_write_options(schema.names)
+                    )
                 elif not plain.equals(schema.remove_metadata()):
                     raise _Mixed
                 held.append(table.replace_schema_metadata(schema.metadata))

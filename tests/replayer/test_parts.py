@@ -86,6 +86,32 @@ def test_compaction_keeps_rows_order_and_values(tmp_path: Path) -> None:
     assert big.metadata.row_group(0).column(0).compression == "LZ4"
 
 
+def _dictionary_columns(path: Path) -> set[str]:
+    """The columns of ``path`` with dictionary-encoded pages."""
+    md = pq.read_metadata(path)
+    return {
+        md.row_group(g).column(c).path_in_schema.split(".")[0]
+        for g in range(md.num_row_groups)
+        for c in range(md.num_columns)
+        if md.row_group(g).column(c).has_dictionary_page
+    }
+
+
+def test_nanosecond_columns_are_written_without_a_dictionary(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "requests"
+    _write(folder, [7, 5])
+    small = _dictionary_columns(folder / part_name(0, 0))
+    compact_parts(folder, 0, 2, META, part_rows=20, group_rows=8)
+    joined = _dictionary_columns(folder / part_name(0, 0, 1))
+    for dictionary in (small, joined):
+        assert {"session_id", "status", "request_index"} <= dictionary
+        assert not dictionary & {"start_ns", "end_ns", "ttft_ns", "chunk_times_ns"}
+        assert not dictionary & set(parts_mod.PLAIN_COLUMNS)
+    assert {"start_ns", "chunk_times_ns", "pool_wait_ns"} <= parts_mod.PLAIN_COLUMNS
+
+
 def test_parts_a_compacted_part_holds_are_read_once(tmp_path: Path) -> None:
     # A run stopped after writing the compacted part but before removing the
     # parts it joined: every reader sees each row once.
