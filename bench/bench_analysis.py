@@ -47,7 +47,6 @@ if __name__ == "__main__" and "--child" in sys.argv:
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analysis.load import load_run
@@ -197,27 +196,24 @@ def write_run(
     compact: bool = False,
     compression: str = PART_COMPRESSION,
 ) -> None:
-    """The synthetic rows as a run directory: part files + run.json. With
-    ``part_rows`` under 1M, each part's id columns carry only its own values (a
-    dictionary of the part's sessions), as the recorder writes its parts; with
-    ``compact`` those parts are then joined as the recorder joins them when a run
-    ends (``compact_parts``)."""
+    """The synthetic rows as a run directory: part files + run.json, with the
+    recorder's column types (ids as strings). With ``compact`` the parts are then
+    joined as the recorder joins them when a run ends (``compact_parts``)."""
     table = synthetic_table(rows)
     (path / "requests").mkdir(parents=True, exist_ok=True)
     meta = RunMeta(run_id="bench")
     count = 0
     for k, at in enumerate(range(0, rows, part_rows)):
+        # As the recorder writes them: RECORD_SCHEMA's types (ids as strings,
+        # which Parquet stores as each row group's dictionary and indices).
         part = table.slice(at, part_rows)
-        if part_rows < 1_000_000:
-            part = pa.table(
-                [
-                    pc.dictionary_encode(c.cast(c.type.value_type))
-                    if pa.types.is_dictionary(c.type)
-                    else c
-                    for c in part.columns
-                ],
-                names=part.column_names,
-            )
+        part = pa.table(
+            [
+                c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c
+                for c in part.columns
+            ],
+            names=part.column_names,
+        )
         pq.write_table(
             part,
             path / "requests" / part_name(0, k),
