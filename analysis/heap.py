@@ -37,9 +37,12 @@ def hold_freed_memory() -> bool:
     allocation. After that, each new thread gets a heap of its own, which
     serves an array of 64 MiB or more from a mapping of its own, unmapped when
     freed: at 10M rows, 7.3 GB of pages mapped, zeroed and unmapped again in
-    one ``summarize``. (``import analysis.heap`` imports neither.)"""
+    one ``summarize``. (``import analysis.heap`` imports neither.)
+
+    numpy stops asking for huge pages for its arrays (:func:`_plain_pages`)."""
     if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
         return False
+    _plain_pages()
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # pragma: no cover - a glibc without it
@@ -54,6 +57,21 @@ def hold_freed_memory() -> bool:
             (_M_TRIM_THRESHOLD, _TRIM_BYTES),
         )
     )
+
+
+def _plain_pages() -> None:
+    """numpy's large arrays on 4 KiB pages, not huge ones: a huge page costs the
+    kernel a 2 MiB block to find and zero at its first write, and on a virtual
+    machine that cost swings with the host's memory (0.1 to 2.4 s a GiB on the
+    benchmark machine within minutes, against 0.53-0.61 s for 4 KiB pages). A
+    10M-row analyze: 4.96 s against 5.50 s, medians of 9 runs each, alternated.
+    Nothing where numpy lacks the switch (a private one, there since 1.20)."""
+    multiarray = getattr(np, "_core", None) or getattr(np, "core", None)
+    switch = getattr(
+        getattr(multiarray, "multiarray", None), "_set_madvise_hugepage", None
+    )
+    if switch is not None:
+        switch(False)
 
 
 def release_free_memory() -> None:
@@ -72,13 +90,10 @@ def release_free_memory() -> None:
 
 def page_array(length: int, dtype: Any) -> np.ndarray:
     """An uninitialised array on anonymous pages of its own: for the loaded
-    columns, which live through the whole analysis. Under :func:`hold_freed_memory`
-    numpy's arrays come from the heap, where numpy asks for huge pages, and the
-    kernel compacts memory to find them as the pages are first written (at 10M
-    rows twice the time of plain pages). These stay 4 KiB pages: asked for huge
-    pages, a 10M-row load spent 2.6-2.9 s in the kernel against 0.8-1.1 s (three
-    runs each on the benchmark machine). The pages go back when the array is
-    freed."""
+    columns, which live through the whole analysis. These are 4 KiB pages: asked
+    for huge pages, a 10M-row load spent 2.6-2.9 s in the kernel against 0.8-1.1 s
+    (three runs each on the benchmark machine). The pages go back when the array
+    is freed."""
     dtype = np.dtype(dtype)
     nbytes = length * dtype.itemsize
     if nbytes < _HUGE_BYTES:

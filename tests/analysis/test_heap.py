@@ -98,3 +98,16 @@ def test_analyze_holds_one_heap(
         f"from replayer.cli import main\nmain(['analyze', {str(run)!r}, '--json'])\n"
     )
     assert _arenas(_child(code).stderr) == ["Arena 0:"]
+
+
+@pytest.mark.skipif(not _GLIBC, reason="glibc's heap")
+def test_held_memory_is_on_plain_pages() -> None:
+    # numpy stops asking the kernel for huge pages for its arrays.
+    code = (
+        "import numpy as np\n"
+        "from analysis.heap import hold_freed_memory\n"
+        "multiarray = np._core.multiarray\n"
+        "hold_freed_memory()\n"
+        "print(multiarray._get_madvise_hugepage())\n"
+    )
+    assert _child(code).stdout.strip() == "False"
