@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from analysis import metrics as m
 from analysis import steady
@@ -70,7 +70,7 @@ COLUMNS: tuple[str, ...] = tuple(
         )
     )
 )
-ITL_COLUMNS = ("chunk_times_ns", "status", "warmup")
+ITL_COLUMNS = ("chunk_times_ns",)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,26 +235,24 @@ def _gpus(run: Run, gpus: int | None) -> int | None:
     return int(label) if isinstance(label, int | float) and label > 0 else None
 
 
-def _batch_itl(batch: pa.Table) -> tuple[m.FloatArray, m.FloatArray]:
-    """(ITL, spread ITL) of one batch's rows: the latency population, as
-    metrics.measured_ok has it."""
-    status = batch.column("status")
-    if not pa.types.is_dictionary(status.type):
-        status = status.dictionary_encode()
-    status = status.combine_chunks()
-    ok = np.append(
-        np.asarray(status.dictionary.to_pylist(), dtype=object) == "ok", False
-    )[pc.fill_null(status.indices, -1).to_numpy()]  # null (-1): not ok
-    warm = pc.fill_null(batch.column("warmup"), False).to_numpy()
-    keep = ok & ~warm.astype(bool)
-    return m.itl_and_spread(*m.kept_gaps(batch.column("chunk_times_ns"), keep))
+def _batch_itl(
+    chunks: pa.ChunkedArray, keep: npt.NDArray[np.bool_]
+) -> tuple[m.FloatArray, m.FloatArray]:
+    """(ITL, spread ITL) of one batch's rows (their chunk column) where ``keep``."""
+    return m.itl_and_spread(*m.kept_gaps(chunks, keep))
 
 
-def _streamed_itl(run: Run) -> tuple[m.FloatArray, m.FloatArray]:
-    """(ITL, spread ITL) of ``run``'s rows, read from its part files a batch at a
-    time into buffers sized from the footers (untouched pages of the spare room
-    take no memory), so no batch is held twice. The batches' gaps are found on
-    the cores side by side (a few batches ahead), copied in in order."""
+def _streamed_itl(run: Run, df: pd.DataFrame) -> tuple[m.FloatArray, m.FloatArray]:
+    """(ITL, spread ITL) of ``run``'s rows, their chunk column read from its part
+    files a batch at a time (the frame's latency population says which rows count)
+    into buffers sized from the footers (untouched pages of the spare room take no
+    memory), so no batch is held twice. The batches' gaps are found on the cores
+    side by side (a few batches ahead), copied in in order.
+
+    Raises:
+        AnalysisError: the part files no longer hold the frame's rows.
+    """
+    keep = m.measured_ok(df)
     cap = stored_values(run, "chunk_times_ns")
     itl: m.FloatArray = np.empty(cap)
     spread: m.FloatArray | None = None  # until a batch has a 0 ns gap
@@ -273,15 +271,26 @@ def _streamed_itl(run: Run) -> tuple[m.FloatArray, m.FloatArray]:
             n_spread += two.size
 
     workers = min(2, _cores())
+    at = 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
         pending: deque[Future[tuple[m.FloatArray, m.FloatArray]]] = deque()
         for batch in _ahead(part_batches(run, ITL_COLUMNS)):
-            pending.append(pool.submit(_batch_itl, batch))
-            del batch
+            rows = batch.num_rows
+            if at + rows > keep.size:
+                break
+            chunks = batch.column("chunk_times_ns")
+            pending.append(pool.submit(_batch_itl, chunks, keep[at : at + rows]))
+            at += rows
+            del batch, chunks
             if len(pending) > workers:
                 take(*pending.popleft().result())
         while pending:
             take(*pending.popleft().result())
+    if at != keep.size:
+        raise AnalysisError(
+            f"{run.path}: its part files no longer hold the rows it loaded "
+            f"({at:,} read again of {keep.size:,})"
+        )
     itl = itl[:n_itl]
     return itl, itl if spread is None else spread[:n_spread]
 
@@ -293,7 +302,7 @@ def _itl(run: Run, df: pd.DataFrame) -> tuple[Latency, Latency, float]:
     if "chunk_times_ns" in df.columns or not run.parts:
         itl, spread = m.itl_and_spread_ms(df)
     else:
-        itl, spread = _streamed_itl(run)
+        itl, spread = _streamed_itl(run, df)
     coalesced = m.itl_coalesced_share(df, itl)
     if spread is itl:
         figures = m.describe(itl, scratch=True)

@@ -8,6 +8,7 @@ import dataclasses
 import gc
 import json
 import random
+import shutil
 import weakref
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from click.testing import CliRunner
 
 import analysis.load
 from analysis import metrics as m
+from analysis.errors import AnalysisError
 from analysis.load import compact_column, load_run, part_batches, records_frame
 from analysis.summary import COLUMNS, ITL_COLUMNS, summarize
 from analysis.text import format_summaries
@@ -135,10 +137,24 @@ def test_itl_read_in_small_batches_is_the_same(messy_run: Path) -> None:
     full = m.numeric_view(load_run(messy_run).requests)
     itl, spread = m.itl_and_spread_ms(full)
     run = load_run(messy_run, columns=COLUMNS, compact=True)
-    batches = part_batches(run, ITL_COLUMNS, rows=37)
+    batches = part_batches(run, (*ITL_COLUMNS, "status", "warmup"), rows=37)
     pieces = [m.itl_and_spread_ms(records_frame(b)) for b in batches]
     assert np.array_equal(np.concatenate([a for a, _ in pieces]), itl)
     assert np.array_equal(np.concatenate([b for _, b in pieces]), spread)
+
+
+def test_parts_changed_since_the_load_are_an_error(
+    tmp_path: Path, messy_run: Path
+) -> None:
+    # The ITL reads the chunk column again and takes the frame's rows as its
+    # population: part files that no longer hold those rows are an error.
+    path = tmp_path / "run"
+    shutil.copytree(messy_run, path)
+    run = load_run(path, columns=COLUMNS, compact=True)
+    last = path / "requests" / "part-000-00002.parquet"
+    pq.write_table(pq.read_table(last).slice(0, 100), last)
+    with pytest.raises(AnalysisError, match="no longer hold the rows it loaded"):
+        summarize(run)
 
 
 def test_parts_read_a_column_at_a_time_give_the_same_figures(
