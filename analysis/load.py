@@ -28,7 +28,7 @@ from replayer.records import (
     server_metrics_table,
 )
 from replayer.records.capacity import CapacityDoc
-from replayer.records.parts import request_parts
+from replayer.records.parts import is_small_part, request_parts
 from traces.model import Trace
 
 # Repeated strings are read dictionary-encoded (pandas categoricals): a 10M-row run's
@@ -41,6 +41,12 @@ CATEGORY_COLUMNS: tuple[str, ...] = (
     "status",
     "error_type",
 )
+
+
+# More small (not joined) part files than this, and loading a run says that
+# `replayer compact` would join them: a killed 10M-row run's 2,000 parts take 17 s
+# to analyze, joined 5 s (bench/RESULTS.md).
+SMALL_PARTS_HINT = 100
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,6 +176,13 @@ def load_run(
         )
     if meta is None:
         problems.append("no run.json: metadata unavailable")
+    small = sum(is_small_part(p) for p in kept)
+    if small > SMALL_PARTS_HINT:
+        problems.append(
+            f"{small:,} small part files (the run did not end as planned): "
+            f"`replayer compact {path}` joins them, and they then read several "
+            "times faster"
+        )
     run_meta = RunMeta.from_dict(meta) if meta is not None else RunMeta()
     server_metrics = _load_server_metrics(path, run_meta, problems)
     return Run(

@@ -57,6 +57,12 @@ def part_name(worker_id: int, seq: int, last: int | None = None) -> str:
     return f"part-{worker_id:03d}-{seq:05d}{tail}.parquet"
 
 
+def is_small_part(path: Path) -> bool:
+    """Whether ``path`` is a part as a run writes it, not yet joined."""
+    m = _NAME.fullmatch(path.name)
+    return m is not None and m[3] is None
+
+
 def request_parts(run_dir: Path, worker_id: int | None = None) -> list[Path]:
     """The run's request part files (one worker's, with ``worker_id``), in row
     order: by worker, then by sequence number. A part whose rows a compacted part

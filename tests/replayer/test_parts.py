@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from analysis.load import SMALL_PARTS_HINT
 from replayer.play.recorder import ParquetRecorder
 from replayer.records import RUN_METADATA_KEY, RunMeta, records_to_table
 from replayer.records import parts as parts_mod
@@ -297,6 +298,21 @@ def test_compact_command_joins_a_killed_runs_parts(tmp_path: Path) -> None:
     after = json.loads(subprocess.run(analyze, capture_output=True, check=True).stdout)
     assert after == before
     assert after["requests"] == 27
+
+
+def test_analyze_of_many_small_parts_says_to_join_them(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _write(run / "requests", [2] * (SMALL_PARTS_HINT + 1))
+    (run / "run.json").write_text(json.dumps(RunMeta(run_id="r1").as_dict()))
+    analyze = [sys.executable, "-m", "replayer", "analyze", str(run)]
+    before = subprocess.run(analyze, capture_output=True, text=True, check=True)
+    hint = f"{SMALL_PARTS_HINT + 1} small part files"
+    assert hint in before.stdout
+    assert f"`replayer compact {run}` joins them" in before.stdout
+    compact = [sys.executable, "-m", "replayer", "compact", str(run)]
+    subprocess.run(compact, capture_output=True, check=True)
+    after = subprocess.run(analyze, capture_output=True, text=True, check=True)
+    assert "small part files" not in after.stdout
 
 
 def test_compact_command_says_what_is_not_a_run(tmp_path: Path) -> None:
