@@ -16,10 +16,10 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 # No trim of the heap's top as arrays are freed (the largest value mallopt takes):
-# summarize gives the free pages back after its largest parts instead
+# summarize gives the free pages back after its largest part instead
 # (:func:`release_free_memory`), which keeps the peak RSS near that of the arrays
-# alive at once (at 10M bench rows 1,835-1,914 MiB in 3 runs; 1,951-1,992 MiB with
-# no release, 1,824-1,949 MiB with a 128 MiB trim threshold beside the release).
+# alive at once (at 10M bench rows 1,802 MiB median of 9 runs, 1,902 MiB at most;
+# with no release 1,903-1,912 MiB in 4 runs).
 _TRIM_BYTES = 2**31 - 1
 # Arrays smaller than this come from numpy as usual.
 _HUGE_BYTES = 2**21
