@@ -33,11 +33,12 @@ def hold_freed_memory() -> bool:
     False where the C library is not glibc (nothing changed).
 
     Call it before pandas or Arrow is imported: Arrow starts a thread at import,
-    and glibc fixes how many arenas threads may have at that thread's first
-    allocation. After that, each new thread gets a heap of its own, which
-    serves an array of 64 MiB or more from a mapping of its own, unmapped when
-    freed: at 10M rows, 7.3 GB of pages mapped, zeroed and unmapped again in
-    one ``summarize``. (``import analysis.heap`` imports neither.)
+    whose first allocation gives it a second arena (glibc's default allows one
+    per thread up to eight a core), and the threads that come later share that
+    one. A heap of a second arena holds at most 64 MiB, so there an array of
+    64 MiB or more gets a mapping of its own, unmapped when freed: at 10M rows,
+    7.3 GB of pages mapped, zeroed and unmapped again in one ``summarize``.
+    (``import analysis.heap`` imports neither.)
 
     numpy stops asking for huge pages for its arrays (:func:`_plain_pages`)."""
     if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
@@ -62,8 +63,8 @@ def hold_freed_memory() -> bool:
 def _plain_pages() -> None:
     """numpy's large arrays on 4 KiB pages, not huge ones: a huge page costs the
     kernel a 2 MiB block to find and zero at its first write, and on a virtual
-    machine that cost swings with the host's memory (0.1 to 2.4 s a GiB on the
-    benchmark machine within minutes, against 0.53-0.61 s for 4 KiB pages). A
+    machine that cost swings with the host's memory (0.1 to 3.7 s a GiB on the
+    benchmark machine within the hour, against 0.53-0.77 s for 4 KiB pages). A
     10M-row analyze: 4.96 s against 5.50 s, medians of 9 runs each, alternated.
     Nothing where numpy lacks the switch (a private one, there since 1.20)."""
     multiarray = getattr(np, "_core", None) or getattr(np, "core", None)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -15,8 +13,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.errors import SloError
 from analysis.results import Counts, Goodput, Latency, Rates, Throughput
+from analysis.slo import Slo as Slo  # apart: the command line parses SLOs early
+from analysis.slo import parse_slo as parse_slo
 from replayer.records import FAILED_STATUSES, STATUSES
 from traces.stats import PERCENTILE_METHOD
 from traces.stats import percentiles as percentiles  # the one definition
@@ -464,54 +463,6 @@ def throughput_tok_s(df: pd.DataFrame, gpus: int | None = None) -> Throughput:
         if gpus
         else None,
     )  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Slo:
-    """Service-level objectives, ms; None = no objective on that metric."""
-
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2e_ms: float | None = None
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            k: v
-            for k, v in (
-                ("ttft_ms", self.ttft_ms),
-                ("tpot_ms", self.tpot_ms),
-                ("e2e_ms", self.e2e_ms),
-            )
-            if v is not None
-        }
-
-
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|us)?\s*$")
-_UNIT_MS = {"ms": 1.0, "s": 1000.0, "us": 0.001, None: 1000.0}
-
-
-def parse_slo(text: str) -> Slo:
-    """``"ttft=2s,tpot=50ms,e2e=30s"`` → :class:`Slo` (a bare number is seconds).
-
-    Raises:
-        SloError: unknown metric or malformed duration (the message says which).
-    """
-    values: dict[str, float] = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, raw = item.partition("=")
-        key = key.strip().lower()
-        if not sep or key not in ("ttft", "tpot", "e2e"):
-            raise SloError(
-                f"bad SLO {item!r}: expected ttft=..., tpot=... or e2e=... "
-                "(e.g. ttft=2s,tpot=50ms)"
-            )
-        m = _DURATION.match(raw)
-        if m is None:
-            raise SloError(f"bad SLO duration {raw!r} for {key} (e.g. 2s, 50ms)")
-        values[f"{key}_ms"] = float(m.group(1)) * _UNIT_MS[m.group(2)]
-    if not values:
-        raise SloError("empty SLO: give e.g. ttft=2s,tpot=50ms")
-    return Slo(**values)
 
 
 def goodput(df: pd.DataFrame, slo: Slo) -> Goodput:

@@ -24,7 +24,12 @@ def test_layout_package_resolves_inside_repository(name: str) -> None:
 
 
 def _modules_after_import(name: str) -> set[str]:
-    code = f"import sys, {name}; print('\\n'.join(sorted(sys.modules)))"
+    # Every public name touched: analysis loads its names on first use.
+    code = (
+        f"import sys, {name}\n"
+        f"for n in getattr({name}, '__all__', []): getattr({name}, n)\n"
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -20,7 +20,7 @@ from replayer.cli.params import (
 
 if TYPE_CHECKING:
     from analysis.load import Run
-    from analysis.metrics import Slo
+    from analysis.slo import Slo
     from analysis.summary import Summary
 
 _RUN_DIR = DIRECTORY

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import click
 
 if TYPE_CHECKING:
-    from analysis.metrics import Slo
+    from analysis.slo import Slo
 
 # Integers an option may hold at most: beyond these a value only allocates (one lane,
 # process or session object each) or overflows an int64 column.
@@ -191,8 +191,10 @@ def parse_slo_option(
     """An ``--slo`` option's callback: the parsed SLO, or a usage error."""
     if value is None:
         return None
+    # Not analysis.metrics: a callback runs before `analyze` sets its heap up, which
+    # must come before pandas and Arrow are imported (analysis.heap).
     from analysis.errors import AnalysisError
-    from analysis.metrics import parse_slo
+    from analysis.slo import parse_slo
 
     try:
         return parse_slo(value)

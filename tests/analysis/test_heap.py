@@ -95,7 +95,9 @@ def test_analyze_holds_one_heap(
     ]
     run = make_run_dir(tmp_path / "run", records, parts=3)
     code = _ARENAS_AT_EXIT + (
-        f"from replayer.cli import main\nmain(['analyze', {str(run)!r}, '--json'])\n"
+        "from replayer.cli import main\n"
+        # --slo is parsed before the command's body: it must not import pandas.
+        f"main(['analyze', {str(run)!r}, '--json', '--slo', 'ttft=2s'])\n"
     )
     assert _arenas(_child(code).stderr) == ["Arena 0:"]
 
