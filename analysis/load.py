@@ -4,6 +4,7 @@ of ``analysis`` that does I/O. See docs/run-directory.md."""
 from __future__ import annotations
 
 import json
+import shlex
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,7 +29,7 @@ from replayer.records import (
     server_metrics_table,
 )
 from replayer.records.capacity import CapacityDoc
-from replayer.records.parts import is_small_part, request_parts
+from replayer.records.parts import joinable_parts, request_parts
 from traces.model import Trace
 
 # Repeated strings are read dictionary-encoded (pandas categoricals): a 10M-row run's
@@ -43,9 +44,9 @@ CATEGORY_COLUMNS: tuple[str, ...] = (
 )
 
 
-# More small (not joined) part files than this, and loading a run says that
-# `replayer compact` would join them: a killed 10M-row run's 2,000 parts take 17 s
-# to analyze, joined 5 s (bench/RESULTS.md).
+# More small part files that `replayer compact` would join than this, and loading
+# a run says so: a killed 10M-row run's 2,000 parts take 18.7 s to analyze, joined
+# 4.8-6.4 s (medians, bench/RESULTS.md).
 SMALL_PARTS_HINT = 100
 
 
@@ -176,12 +177,11 @@ def load_run(
         )
     if meta is None:
         problems.append("no run.json: metadata unavailable")
-    small = sum(is_small_part(p) for p in kept)
+    small = joinable_parts(kept)
     if small > SMALL_PARTS_HINT:
         problems.append(
-            f"{small:,} small part files (the run did not end as planned): "
-            f"`replayer compact {path}` joins them, and they then read several "
-            "times faster"
+            f"{small:,} small part files: `replayer compact {shlex.quote(str(path))}` "
+            "joins them, and they then read several times faster"
         )
     run_meta = RunMeta.from_dict(meta) if meta is not None else RunMeta()
     server_metrics = _load_server_metrics(path, run_meta, problems)

@@ -33,7 +33,10 @@ PLAIN_COLUMNS = frozenset(n for n in RECORD_SCHEMA.names if n.endswith("_ns"))
 
 
 def part_write_options(names: Sequence[str]) -> dict[str, object]:
-    """The Parquet writer options of a part file with columns ``names``."""
+    """The Parquet writer options of a part file with columns ``names``. The
+    columns named in ``use_dictionary`` get dictionaries, the others none; a list
+    column would be named by its leaf's path (``x.list.element``), so leaving
+    ``chunk_times_ns`` out stores it plain."""
     return {
         "compression": PART_COMPRESSION,
         "use_dictionary": [n for n in names if n not in PLAIN_COLUMNS],
@@ -57,10 +60,15 @@ def part_name(worker_id: int, seq: int, last: int | None = None) -> str:
     return f"part-{worker_id:03d}-{seq:05d}{tail}.parquet"
 
 
-def is_small_part(path: Path) -> bool:
-    """Whether ``path`` is a part as a run writes it, not yet joined."""
-    m = _NAME.fullmatch(path.name)
-    return m is not None and m[3] is None
+def joinable_parts(parts: Sequence[Path]) -> int:
+    """How many of ``parts`` are small (as a run writes them, not joined) beside
+    another small part of their worker: what ``replayer compact`` would join."""
+    per_worker: dict[int, int] = {}
+    for path in parts:
+        m = _NAME.fullmatch(path.name)
+        if m is not None and m[3] is None:
+            per_worker[int(m[1])] = per_worker.get(int(m[1]), 0) + 1
+    return sum(n for n in per_worker.values() if n > 1)
 
 
 def request_parts(run_dir: Path, worker_id: int | None = None) -> list[Path]:

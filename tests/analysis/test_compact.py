@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 import analysis.load
+import analysis.summary
 from analysis import metrics as m
 from analysis.errors import AnalysisError
 from analysis.load import compact_column, load_run, part_batches, records_frame
@@ -141,6 +142,32 @@ def test_itl_read_in_small_batches_is_the_same(messy_run: Path) -> None:
     pieces = [m.itl_and_spread_ms(records_frame(b)) for b in batches]
     assert np.array_equal(np.concatenate([a for a, _ in pieces]), itl)
     assert np.array_equal(np.concatenate([b for _, b in pieces]), spread)
+
+
+def test_itl_in_many_batches_around_a_skipped_part(
+    tmp_path: Path, messy_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The streamed ITL takes each batch's population from the frame's rows in
+    # order: batches of 37 rows (many a part, parts joined in one), with the
+    # unreadable part between readable ones, give the full load's figures.
+    path = tmp_path / "run"
+    shutil.copytree(messy_run, path)
+    parts = path / "requests"
+    (parts / "part-000-00002.parquet").rename(parts / "part-002-00000.parquet")
+    (parts / "part-001-00000.parquet").rename(parts / "part-000-00002.parquet")
+    monkeypatch.setattr(
+        analysis.summary,
+        "part_batches",
+        lambda run, columns: part_batches(run, columns, rows=37),
+    )
+    summary, _ = _figures(path)
+    assert json.loads(summary)["itl_ms"]["count"] > 1000
+    run = load_run(path, columns=COLUMNS, compact=True)
+    assert [p.name for p in run.parts] == [
+        "part-000-00000.parquet",
+        "part-000-00001.parquet",
+        "part-002-00000.parquet",
+    ]
 
 
 def test_parts_changed_since_the_load_are_an_error(

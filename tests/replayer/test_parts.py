@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.load import SMALL_PARTS_HINT
+from analysis.load import SMALL_PARTS_HINT, load_run
 from replayer.play.recorder import ParquetRecorder
 from replayer.records import RUN_METADATA_KEY, RunMeta, records_to_table
 from replayer.records import parts as parts_mod
@@ -313,6 +313,10 @@ def test_analyze_of_many_small_parts_says_to_join_them(tmp_path: Path) -> None:
     subprocess.run(compact, capture_output=True, check=True)
     after = subprocess.run(analyze, capture_output=True, text=True, check=True)
     assert "small part files" not in after.stdout
+    # A finished run of many workers, one part each (nothing to join): no note.
+    for worker in range(1, SMALL_PARTS_HINT + 2):
+        _write(run / "requests", [2], worker=worker)
+    assert not [p for p in load_run(run).problems if "small part files" in p]
 
 
 def test_compact_command_says_what_is_not_a_run(tmp_path: Path) -> None:
