@@ -4,6 +4,8 @@ See docs/metrics.md."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -30,7 +32,7 @@ def _codes(df: pd.DataFrame) -> tuple[pd.Index, np.ndarray, np.ndarray, np.ndarr
     sess = df["session_id"].astype("category")
     names = sess.cat.categories
     # int32: half the memory of intp at 10M rows, and the same sessions.
-    sid = sess.cat.codes.to_numpy().astype(np.int32)
+    sid = sess.cat.codes.to_numpy().astype(np.int32, copy=False)
 
     def onto(col: str) -> np.ndarray:
         c = df[col].astype("category")
@@ -85,13 +87,45 @@ def _sessions(
         },
         index=pd.Index(sid[first], name="sid"),
     )
-    per = rows.groupby("sid").agg(
-        first_start=("start", "min"), last_end=("end", "max"), ttft=("ttft", "sum")
-    )
+    per = _per_session(rows, size=first.size)
     # As floats from here on (one row a session), as if the rows had been.
-    per = meta.join(per.astype(np.float64), how="left")
+    per = meta.join(per, how="left")
     per["ttft"] = per["ttft"].fillna(0.0)
     return rows.drop(columns="ttft"), per  # the rest reads no TTFT
+
+
+def _per_session(rows: pd.DataFrame, *, size: int) -> pd.DataFrame:
+    """Per session code with rows in ``rows`` (codes below ``size``, ascending):
+    first start, last end and Σ TTFT, as float64. One unbuffered pass of each
+    reduction into a table of the codes (``ufunc.at``), where a group-by sorted
+    the rows and took a copy of each column in that order (0.5 s and 0.3 GB at
+    10M rows). The same values: integer sums kept in 64-bit integers, float
+    minima and maxima exact."""
+    sid = rows["sid"].to_numpy()
+    present = np.zeros(size, dtype=bool)  # (a bincount widens the codes first)
+    present[sid] = True
+    codes = np.flatnonzero(present)
+    out: dict[str, np.ndarray] = {}
+    for name, source, ufunc in (
+        ("first_start", "start", np.minimum),
+        ("last_end", "end", np.maximum),
+        ("ttft", "ttft", np.add),
+    ):
+        values = rows[source].to_numpy()
+        kind = values.dtype.kind
+        if ufunc is np.add and kind in "iu":  # summed in 64 bits, as a group-by does
+            values = values.astype(np.int64 if kind == "i" else np.uint64, copy=False)
+        if ufunc is np.add:
+            start: float | int = 0
+        elif kind == "f":
+            start = math.inf if ufunc is np.minimum else -math.inf
+        else:
+            limits = np.iinfo(values.dtype)
+            start = limits.max if ufunc is np.minimum else limits.min
+        table = np.full(size, start, dtype=values.dtype)
+        ufunc.at(table, sid, values)  # one dtype: numpy's fast loop
+        out[name] = table[codes].astype(np.float64)
+    return pd.DataFrame(out, index=pd.Index(codes.astype(sid.dtype), name="sid"))
 
 
 def _joins(rows: pd.DataFrame, per: pd.DataFrame) -> pd.DataFrame:

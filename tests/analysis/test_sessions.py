@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from analysis.load import records_frame
-from analysis.sessions import session_trees
+from analysis.sessions import _per_session, session_trees
 from replayer.records import RequestRecord, records_to_table
 
 MS = 1_000_000
@@ -64,3 +65,35 @@ def test_session_trees_hand_computed(tree: pd.DataFrame) -> None:
 
 def test_session_trees_empty(tree: pd.DataFrame) -> None:
     assert session_trees(tree.iloc[0:0]).empty
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "uint32", "float64"])
+def test_per_session_matches_a_group_by(dtype: str) -> None:
+    """The per-session first start, last end and Σ TTFT: a group-by's values, as
+    floats, for each column type a frame may hold (integer sums in 64 bits)."""
+    rng = np.random.default_rng(7)
+    n, size = 5_000, 300
+    sid = rng.integers(0, size, n).astype(np.int32)
+    sid[sid == 17] = 18  # a code with no rows: not in the result
+    top = 2**31 - 1 if dtype.endswith("32") else 2**60
+    rows = pd.DataFrame(
+        {
+            "sid": sid,
+            "start": rng.integers(0, top, n).astype(dtype),
+            "end": rng.integers(0, top, n).astype(dtype),
+            # Sums past 32 bits: a 32-bit accumulator would wrap.
+            "ttft": rng.integers(
+                0, 2**31 - 1 if dtype != "float64" else 2**40, n
+            ).astype(dtype),
+        }
+    )
+    want = (
+        rows.groupby("sid")
+        .agg(
+            first_start=("start", "min"), last_end=("end", "max"), ttft=("ttft", "sum")
+        )
+        .astype(np.float64)
+    )
+    got = _per_session(rows, size=size)
+    pd.testing.assert_frame_equal(got, want, check_exact=True, check_index_type=False)
+    assert got.index.dtype == sid.dtype
