@@ -189,7 +189,8 @@ def has_status(df: pd.DataFrame, *statuses: str) -> npt.NDArray[np.bool_]:
         lut = np.zeros(len(status.cat.categories) + 1, dtype=bool)
         idx = status.cat.categories.get_indexer(pd.Index(list(statuses)))
         lut[idx[idx >= 0]] = True
-        return lut[status.cat.codes.to_numpy()]  # code -1 (null) → last: False
+        found: npt.NDArray[np.bool_] = lut[status.array.codes]  # -1 (null): False
+        return found
     return status.isin(statuses).to_numpy(dtype=bool)
 
 

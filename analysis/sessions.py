@@ -24,22 +24,35 @@ TREE_COLUMNS = (
 )
 
 
-def _codes(df: pd.DataFrame) -> tuple[pd.Index, np.ndarray, np.ndarray, np.ndarray]:
-    """Session names and per-row integer codes of session, parent and root (-1: none).
+class _Ids:
+    """A frame's session ids as integer codes: each session's, and for the parent
+    and root columns their own category codes with the session code of each
+    category (-1: none), looked up only where needed (the rows' codes are the
+    frame's: no per-row array of 40 MB at 10M rows held while the joins are
+    searched)."""
 
-    Works on the categorical codes, never on 10M Python strings.
-    """
-    sess = df["session_id"].astype("category")
-    names = sess.cat.categories
-    # int32: half the memory of intp at 10M rows, and the same sessions.
-    sid = sess.cat.codes.to_numpy().astype(np.int32, copy=False)
+    def __init__(self, df: pd.DataFrame) -> None:
+        sess = df["session_id"].astype("category")
+        self.names = sess.cat.categories
+        # int32: half the memory of intp at 10M rows, and the same sessions.
+        self.sid = sess.array.codes.astype(np.int32, copy=False)  # (a view)
+        self._of = {name: self._onto(df[name]) for name in _LINKS}
 
-    def onto(col: str) -> np.ndarray:
-        c = df[col].astype("category")
-        remap = np.append(names.get_indexer(c.cat.categories), -1).astype(np.int32)
-        return remap[c.cat.codes.to_numpy()]  # code -1 (null) → last entry, -1
+    def _onto(self, ids: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+        c = ids.astype("category")
+        # Code -1 (null) reads the last entry: -1.
+        remap = np.append(self.names.get_indexer(c.cat.categories), -1)
+        return c.array.codes, remap.astype(np.int32)  # the codes: a view
 
-    return names, sid, onto("parent_session_id"), onto("root_session_id")
+    def of(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
+        """The session codes of column ``name`` (-1: none), of ``rows`` or all."""
+        codes, remap = self._of[name]
+        out: np.ndarray = remap[codes if rows is None else codes[rows]]
+        return out
+
+
+_LINKS = ("parent_session_id", "root_session_id")
+_BLOCK = 1 << 20  # rows at a time where a pass needs their row numbers
 
 
 def _times(df: pd.DataFrame, name: str) -> np.ndarray:
@@ -53,10 +66,28 @@ def _times(df: pd.DataFrame, name: str) -> np.ndarray:
     return column(df, name)
 
 
-def _sessions(
-    df: pd.DataFrame, sid: np.ndarray, parent: np.ndarray, root: np.ndarray
-) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _rows_of(df: pd.DataFrame, name: str, rows: np.ndarray) -> np.ndarray:
+    """``column(df, name)[rows]``, the same floats: a plain numeric column's rows
+    taken before the cast (not a float64 copy of the whole column first)."""
+    raw = plain_column(df, name)
+    out: np.ndarray = (
+        column(df, name)[rows] if raw is None else raw[rows].astype(np.float64)
+    )
+    return out
+
+
+def _positive(df: pd.DataFrame, name: str) -> np.ndarray:
+    """Rows whose ``name`` is > 0 (null: not): a plain integer column compared as
+    it is, not through a float64 copy."""
+    raw = plain_column(df, name)
+    values = raw if raw is not None and raw.dtype.kind in "iu" else column(df, name)
+    out: np.ndarray = np.greater(values, 0)
+    return out
+
+
+def _sessions(df: pd.DataFrame, ids: _Ids) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(sent rows with integer session codes, one row per session)."""
+    sid = ids.sid
     start = _times(df, "start_ns")
     end = _times(df, "end_ns")
     ttft = _times(df, "ttft_ns")
@@ -75,15 +106,18 @@ def _sessions(
         {"sid": who, "start": start, "end": end, "ttft": ttft}, copy=False
     )
     del who, start, end, ttft
-    # First row of each session, O(n): later writes of a reversed range win.
+    # First row of each session, O(n): later writes of a reversed range win (a
+    # block at a time from the last: no row numbers of the whole frame at once).
     n = sid.size
     first = np.zeros(int(sid.max()) + 1 if n else 0, dtype=np.int64)
-    first[sid[::-1]] = np.arange(n - 1, -1, -1)
+    for at in range((n - 1) // _BLOCK * _BLOCK, -1, -_BLOCK):
+        stop = min(at + _BLOCK, n)
+        first[sid[at:stop][::-1]] = np.arange(stop - 1, at - 1, -1)
     meta = pd.DataFrame(
         {
-            "parent": parent[first],
-            "root": root[first],
-            "depth": np.nan_to_num(column(df, "agent_depth")[first]),
+            "parent": ids.of("parent_session_id", first),
+            "root": ids.of("root_session_id", first),
+            "depth": np.nan_to_num(_rows_of(df, "agent_depth", first)),
         },
         index=pd.Index(sid[first], name="sid"),
     )
@@ -190,8 +224,9 @@ def session_trees(df: pd.DataFrame) -> pd.DataFrame:
     """
     if df.empty:
         return pd.DataFrame(columns=list(TREE_COLUMNS))
-    names, sid, parent, root = _codes(df)
-    rows, per = _sessions(df, sid, parent, root)
+    ids = _Ids(df)
+    names = ids.names
+    rows, per = _sessions(df, ids)
     joins = _joins(rows, per)
     # Join wait: per (parent, join request) the latest subagent end, clipped.
     wait = pd.Series(0.0, index=per.index)
@@ -217,9 +252,11 @@ def session_trees(df: pd.DataFrame) -> pd.DataFrame:
     n_codes = len(names)
     # Widened once, not by each bincount; counts of the rows where a flag is set
     # taken on those rows (the same counts as summed 0/1 weights).
-    tree = np.where(root >= 0, root, sid).astype(np.intp)
+    # Each row's tree: its root's code, its own where it has no root.
+    tree = ids.of("root_session_id").astype(np.intp)
+    np.copyto(tree, ids.sid, where=tree < 0)
     requests = np.bincount(tree, minlength=n_codes)
-    sub_reqs = np.bincount(tree[column(df, "agent_depth") > 0], minlength=n_codes)
+    sub_reqs = np.bincount(tree[_positive(df, "agent_depth")], minlength=n_codes)
     warm = np.bincount(tree[is_warmup(df)], minlength=n_codes) > 0
     del tree
     sessions = np.bincount(
