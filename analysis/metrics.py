@@ -435,9 +435,25 @@ def measured_window_s(df: pd.DataFrame) -> float:
     if not keep.any():
         return NAN
     # fmin/fmax skip NaN (null) instants; all NaN gives NaN, and NaN > x is False.
-    start = np.fmin.reduce(kept_column(df, "start_ns", keep))
-    end = np.fmax.reduce(kept_column(df, "end_ns", keep))
+    start = _kept_extreme(df, "start_ns", keep, np.fmin)
+    end = _kept_extreme(df, "end_ns", keep, np.fmax)
     return float(end - start) / _NS_PER_S if end > start else NAN
+
+
+def _kept_extreme(
+    df: pd.DataFrame, name: str, keep: npt.NDArray[np.bool_], ufunc: np.ufunc
+) -> float:
+    """``ufunc.reduce(kept_column(df, name, keep))`` (np.fmin or np.fmax; ``keep``
+    not all False), the same float: a plain integer column's least or greatest
+    kept value found in place and then cast (the cast keeps the order), with no
+    float64 copy of its kept rows."""
+    raw = plain_column(df, name)
+    if raw is None or raw.dtype.kind not in "iu":
+        return float(ufunc.reduce(kept_column(df, name, keep)))
+    limits = np.iinfo(raw.dtype.name)
+    if ufunc is np.fmin:
+        return float(np.min(raw, where=keep, initial=limits.max))
+    return float(np.max(raw, where=keep, initial=limits.min))
 
 
 def throughput_tok_s(df: pd.DataFrame, gpus: int | None = None) -> Throughput:

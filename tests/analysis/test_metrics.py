@@ -347,3 +347,23 @@ def test_measured_ok_recomputes_when_the_view_column_is_not_plain_bool(
     assert m.measured_ok(view).tolist() == [True, False]
     mixed = pd.concat([view, raw.assign(warmup=[True, False])], ignore_index=True)
     assert m.measured_ok(mixed).tolist() == [True, False, False, False]
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint32", "float64"])
+def test_measured_window_of_plain_columns_is_the_float_reduction(dtype: str) -> None:
+    """A compact frame's plain time columns: the window from their kept extremes
+    found in place is the one from their float64 copies (epoch instants round in
+    the cast: the cast of the least is the least of the casts)."""
+    rng = np.random.default_rng(3)
+    n = 1_000
+    base = 1_765_000_000_000_000_000 if dtype != "uint32" else 1_000_000
+    start = (base + rng.integers(0, 10**9, n)).astype(dtype)
+    end = (start + rng.integers(1, 10**9, n)).astype(dtype)
+    keep = rng.random(n) < 0.5
+    keep[[start.argmin(), end.argmax()]] = False  # the extremes: not in it
+    df = pd.DataFrame(
+        {"start_ns": start, "end_ns": end, m.MEASURED_OK: keep}, copy=False
+    )
+    lo = np.fmin.reduce(start[keep].astype(np.float64))
+    hi = np.fmax.reduce(end[keep].astype(np.float64))
+    assert m.measured_window_s(df) == float(hi - lo) / 1e9
