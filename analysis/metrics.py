@@ -378,13 +378,27 @@ def itl_and_spread(
     owner = (zero - 1)[np.flatnonzero(head)[np.cumsum(head) - 1]]
     row_first = gap_start[np.searchsorted(gap_start, zero, side="right") - 1]
     joined = owner >= row_first
-    reads, extra = np.unique(owner[joined], return_counts=True)
+    reads, extra = _runs(owner[joined])
     spread: FloatArray = itl.copy()
     spread[reads] = itl[reads] / (extra + 1)  # its wait over its chunks
     spread[zero[joined]] = spread[owner[joined]]
     if not joined.all():
         spread = np.delete(spread, zero[~joined])
     return itl, spread
+
+
+def _runs(
+    values: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
+    """``np.unique(values, return_counts=True)`` of non-decreasing ``values``:
+    from where each run of equal values begins, with no sort."""
+    if values.size == 0:
+        return values, np.zeros(0, dtype=np.intp)
+    begins = np.empty(values.size, dtype=bool)
+    begins[0] = True
+    np.not_equal(values[1:], values[:-1], out=begins[1:])
+    at = np.flatnonzero(begins)
+    return values[at], np.diff(at, append=values.size)
 
 
 def interactivity_tok_s(df: pd.DataFrame) -> dict[str, float]:

@@ -367,3 +367,12 @@ def test_measured_window_of_plain_columns_is_the_float_reduction(dtype: str) -> 
     lo = np.fmin.reduce(start[keep].astype(np.float64))
     hi = np.fmax.reduce(end[keep].astype(np.float64))
     assert m.measured_window_s(df) == float(hi - lo) / 1e9
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 1_000])
+def test_runs_of_sorted_values_are_unique_with_counts(size: int) -> None:
+    values = np.sort(np.random.default_rng(size).integers(0, max(size // 4, 1), size))
+    got, counts = m._runs(values)
+    want, want_counts = np.unique(values, return_counts=True)
+    assert got.tolist() == want.tolist()
+    assert counts.tolist() == want_counts.tolist()
