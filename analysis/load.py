@@ -457,7 +457,9 @@ def compact_column(col: pa.ChunkedArray) -> Any:
     if not pa.types.is_integer(t):
         if pa.types.is_string(t) and col.null_count == len(col):
             # No error messages: 1 byte a row (categorical codes), not 4 (offsets).
-            return pd.Categorical(np.full(len(col), np.nan))
+            return pd.Categorical.from_codes(
+                np.full(len(col), -1, dtype=np.int8), dtype=_NO_STRINGS
+            )  # = pd.Categorical of NaNs, without looking at them
         return pd.arrays.ArrowExtensionArray(col)
     if col.null_count == len(col):
         # One NaN seen at every row (read-only, no memory: 40 MB a column at 10M
@@ -465,6 +467,9 @@ def compact_column(col: pa.ChunkedArray) -> Any:
         return np.broadcast_to(np.float32(np.nan), len(col))
     lo, hi = (x.as_py() for x in pc.min_max(col).values())
     return _cast_into(col, _compact_int_dtype(lo, hi, col.null_count))
+
+
+_NO_STRINGS = pd.CategoricalDtype(pd.Index([], dtype="float64"))
 
 
 def _compact_int_dtype(lo: int, hi: int, nulls: int) -> Any:

@@ -274,6 +274,16 @@ def test_compact_columns_hold_the_same_values() -> None:
         assert np.array_equal(got.astype(np.float64), want, equal_nan=True), name
 
 
+def test_compact_strings_of_nulls_only_are_an_empty_categorical() -> None:
+    col = pa.chunked_array([pa.nulls(3, pa.string()), pa.nulls(2, pa.string())])
+    got = compact_column(col)
+    want = pd.Categorical(np.full(5, np.nan))  # what pandas makes of five NaNs
+    assert got.dtype == want.dtype
+    assert got.codes.dtype == np.int8
+    assert got.codes.tolist() == [-1] * 5
+    pd.testing.assert_series_equal(pd.Series(got), pd.Series(want))
+
+
 def test_compact_frame_is_smaller_with_the_same_columns(messy_run: Path) -> None:
     full = load_run(messy_run).requests
     compact = load_run(messy_run, columns=COLUMNS, compact=True).requests
