@@ -5,7 +5,7 @@ sample (two-sample KS distances).
     /tmp/venv/bin/python bench/bench_generate.py [--repeats 5] [--cli-repeats 3]
         [--before DIR] [--skip-write]
 
-Prints: wall time and peak RSS (``ru_maxrss`` of the child, from ``os.wait4``) of
+Prints: wall time and peak RSS (the child's own VmHWM: ``childpeak``) of
 ``replayer generate --preset agentx -o X.parquet`` and ``replayer trace stats
 X.parquet``, each in a fresh process (median of ``--cli-repeats``); with ``--before
 DIR`` (a directory holding an earlier ``traces`` package, e.g. ``git archive <commit>
@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from childpeak import run_replayer
+
 from traces.fit import fit_config, ks_distances
 from traces.generate import PRESETS, generate_trace
 from traces.io import read_trace, write_trace
@@ -43,20 +45,17 @@ def _out(line: str) -> None:
     sys.stdout.write(line + "\n")
 
 
-def _measured(cmd: list[str], code: Path | None, cwd: Path) -> tuple[float, float]:
-    """(wall seconds, peak RSS MB) of ``cmd`` in a fresh process; run in ``cwd``, not
-    the repository, whose packages ``python -m`` would put ahead of ``PYTHONPATH``."""
+def _measured(args: list[str], code: Path | None, cwd: Path) -> tuple[float, float]:
+    """(wall seconds, peak RSS MB) of ``replayer ARGS`` in a fresh process; run in
+    ``cwd``, not the repository, whose packages ``python -m`` would put ahead of
+    ``PYTHONPATH``."""
     env = dict(os.environ)
     if code is not None:
         env["PYTHONPATH"] = str(code)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode})")
-    return elapsed, usage.ru_maxrss / 1024  # KiB on Linux
+    got = run_replayer(args, env=env, cwd=cwd)
+    if got.returncode != 0:
+        sys.exit(f"replayer {' '.join(args)} failed ({got.returncode})")
+    return got.wall_s, got.peak_mib
 
 
 def _traces_file(code: Path | None, cwd: Path) -> str:
@@ -78,7 +77,6 @@ def _cli(repeats: int, before: Path | None) -> None:
     codes: dict[str, Path | None] = {"current": None}
     if before is not None:
         codes = {"before": before.resolve(), "current": None}
-    replayer = [sys.executable, "-m", "replayer"]
     runs: dict[tuple[str, str], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, code in codes.items():
@@ -90,7 +88,7 @@ def _cli(repeats: int, before: Path | None) -> None:
                     ("generate", ["generate", "--preset", "agentx", "-o", out]),
                     ("trace stats", ["trace", "stats", out]),
                 ):
-                    got = _measured([*replayer, *cmd], code, Path(tmp))
+                    got = _measured(cmd, code, Path(tmp))
                     runs.setdefault((step, name), []).append(got)
     _out(f"CLI at agentx scale ({repeats} repeats, medians; fresh process each):")
     _out("| command | code | wall s | all runs s | peak RSS MB |")

@@ -10,7 +10,7 @@ faster), over nightly dates; the last night plants a 15% P90 TTFT regression in 
 configuration and a 15-point drop of the server hit in another. Then `history add`,
 `show`, `trend`, `regressions` (all configurations, against the predecessor and the
 first version), `canary` and `report --history` run as the real CLI, each timed with its
-own peak RSS (os.wait4; the runs are written by a child, so the parent stays small).
+own peak RSS (its VmHWM as it exits: bench/childpeak.py).
 Goals: trend <= 10 s, regressions <= 60 s, <= 2 GiB.
 """
 
@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_analysis import _cpu_model, synthetic_table
+from childpeak import run_replayer
 
 from replayer.records import RunMeta, TraceInfo
 
@@ -101,17 +102,13 @@ def write_runs(root: Path, *, runs: int, rows: int, configs: int) -> list[Path]:
 
 def timed(*args: str) -> tuple[float, float, str]:
     """``replayer ARGS`` as a subprocess: wall s, its peak RSS MiB, its stdout."""
-    t = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "replayer", *args], stdout=out)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.perf_counter() - t
+        got = run_replayer(args, stdout=out)
         out.seek(0)
         text = out.read()
-    if proc.returncode not in (0, 1):  # regressions exits 1 on --fail-on
-        raise SystemExit(f"replayer {' '.join(args[:2])} failed: {proc.returncode}")
-    return wall, usage.ru_maxrss / 1024, text
+    if got.returncode not in (0, 1):  # regressions exits 1 on --fail-on
+        raise SystemExit(f"replayer {' '.join(args[:2])} failed: {got.returncode}")
+    return got.wall_s, got.peak_mib, text
 
 
 def chart(db: Path, path: Path) -> None:

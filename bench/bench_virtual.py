@@ -24,9 +24,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from childpeak import run_replayer
 
 REPLAYER = str(Path(sys.executable).with_name("replayer"))
 WEKA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "weka"
@@ -36,23 +37,19 @@ WEKA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "weka"
 class Measure:
     cpu_s: float  # user + sys of the child
     wall_s: float
-    rss_mb: float  # the child's own peak (wait4's rusage, not the children's max)
+    rss_mb: float  # the child's own peak (its VmHWM: childpeak)
 
 
-def _measured(cmd: list[str]) -> Measure:
-    """One pinned subprocess, measured."""
+def _measured(args: list[str]) -> Measure:
+    """``replayer ARGS``, one pinned subprocess, measured."""
     pin = ["taskset", "-c", "1"] if os.cpu_count() and os.cpu_count() > 1 else []
     with tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([*pin, *cmd], stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-        proc.returncode = code = os.waitstatus_to_exitcode(status)
-        if code != 0:
+        got = run_replayer(args, stderr=err, pin=pin)
+        if got.returncode != 0:
             err.seek(0)
             tail = err.read()[-2000:].decode(errors="replace")
-            sys.exit(f"failed ({code}): {' '.join(cmd)}\n{tail}")
-    return Measure(usage.ru_utime + usage.ru_stime, wall, usage.ru_maxrss / 1024)
+            sys.exit(f"failed ({got.returncode}): replayer {' '.join(args)}\n{tail}")
+    return Measure(got.cpu_s, got.wall_s, got.peak_mib)
 
 
 def _median(runs: list[Measure]) -> Measure:
@@ -85,7 +82,7 @@ def main() -> None:
         for k in range(args.reps):
             out = work / f"weka{k}"
             runs.append(_measured([
-                REPLAYER, "run", str(WEKA), "--concurrency", "16", "--think-scale",
+                "run", str(WEKA), "--concurrency", "16", "--think-scale",
                 "0", "--virtual", "sim", "--quiet", "--out", str(out),
             ]))  # fmt: skip
             modeled = _modeled_s(out)
@@ -95,7 +92,7 @@ def main() -> None:
         for k in range(args.reps):
             out = work / f"cap{k}"
             runs.append(_measured([
-                REPLAYER, "capacity", str(WEKA), "--virtual", "sim", "--think-scale",
+                "capacity", str(WEKA), "--virtual", "sim", "--think-scale",
                 "0", "--slo", "ttft=2s", "--duration", "60", "--quiet", "--out",
                 str(out), "--json",
             ]))  # fmt: skip
@@ -121,7 +118,7 @@ def main() -> None:
         for k in range(args.reps):
             out = work / f"agentx{k}"
             runs.append(_measured([
-                REPLAYER, "run", str(trace), "--concurrency", str(lanes), "--virtual",
+                "run", str(trace), "--concurrency", str(lanes), "--virtual",
                 "sim", "--profile", "agentx", "--quiet", "--out", str(out),
             ]))  # fmt: skip
         rows.append((
