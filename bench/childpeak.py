@@ -39,8 +39,10 @@ runpy.run_module('replayer', run_name='__main__', alter_sys=True)
 @dataclass(frozen=True)
 class Measured:
     wall_s: float
-    cpu_s: float  # user + sys of the child (not of its own children)
-    peak_mib: float  # the child's VmHWM; NaN if it exited without writing it
+    cpu_s: float  # user + sys of the child and of any children it waited for
+    # The child's own VmHWM (not its children's); NaN when it did not reach its
+    # exit hook (killed, or os._exit), which also ends with a nonzero returncode.
+    peak_mib: float
     returncode: int
 
 

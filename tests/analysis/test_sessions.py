@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis import sessions
 from analysis.load import records_frame
 from analysis.sessions import _per_session, session_trees
 from replayer.records import RequestRecord, records_to_table
@@ -67,6 +68,9 @@ def test_session_trees_empty(tree: pd.DataFrame) -> None:
     assert session_trees(tree.iloc[0:0]).empty
 
 
+_TTFT_TOP = {"int64": 2**52, "int32": 2**31 - 1, "uint32": 2**31 - 1, "float64": 2**40}
+
+
 @pytest.mark.parametrize("dtype", ["int64", "int32", "uint32", "float64"])
 def test_per_session_matches_a_group_by(dtype: str) -> None:
     """The per-session first start, last end and Σ TTFT: a group-by's values, as
@@ -81,10 +85,9 @@ def test_per_session_matches_a_group_by(dtype: str) -> None:
             "sid": sid,
             "start": rng.integers(0, top, n).astype(dtype),
             "end": rng.integers(0, top, n).astype(dtype),
-            # Sums past 32 bits: a 32-bit accumulator would wrap.
-            "ttft": rng.integers(
-                0, 2**31 - 1 if dtype != "float64" else 2**40, n
-            ).astype(dtype),
+            # Sums past 32 bits: a 32-bit accumulator would wrap; int64 ones past
+            # 2**53: a float64 accumulator would round.
+            "ttft": rng.integers(0, _TTFT_TOP[dtype], n).astype(dtype),
         }
     )
     want = (
@@ -97,3 +100,35 @@ def test_per_session_matches_a_group_by(dtype: str) -> None:
     got = _per_session(rows, size=size)
     pd.testing.assert_frame_equal(got, want, check_exact=True, check_index_type=False)
     assert got.index.dtype == sid.dtype
+
+
+@pytest.mark.parametrize("block", [2, 3, 1 << 20])
+def test_a_session_is_what_its_first_row_says(
+    rec: Callable[..., RequestRecord], monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
+    """A session's parent, root and depth are its first row's (here its later rows
+    disagree, as a foreign writer's may), whatever the block the first rows are
+    found a block at a time by."""
+    monkeypatch.setattr(sessions, "_BLOCK", block)
+
+    def r(
+        sid: str, idx: int, start: int, root: str, parent: str | None
+    ) -> RequestRecord:
+        return rec(
+            session_id=sid, root_session_id=root, parent_session_id=parent,
+            agent_depth=0 if parent is None else 1, request_index=idx,
+            start_ns=start * MS, end_ns=(start + 10) * MS, ttft_ns=MS,
+        )  # fmt: skip
+
+    rows = [
+        r("R", 0, 0, "R", None),
+        r("X", 0, 20, "R", "R"),  # X's first row: a subagent of R
+        r("X", 1, 40, "X", None),  # its later rows: a root of its own
+        r("X", 2, 60, "X", None),
+        r("R", 1, 80, "R", None),
+    ]
+    t = session_trees(records_frame(records_to_table(rows))).set_index(
+        "root_session_id"
+    )
+    assert list(t.index) == ["R"]
+    assert t.loc["R", "sessions"] == 2
