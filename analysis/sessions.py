@@ -113,6 +113,11 @@ def _sessions(df: pd.DataFrame, ids: _Ids) -> tuple[pd.DataFrame, pd.DataFrame]:
     for at in range((n - 1) // _BLOCK * _BLOCK, -1, -_BLOCK):
         stop = min(at + _BLOCK, n)
         first[sid[at:stop][::-1]] = np.arange(stop - 1, at - 1, -1)
+    size = first.size
+    present = np.zeros(size, dtype=bool)
+    present[sid] = True
+    if not present.all():  # codes of no row (a frame cut from a larger one)
+        first = first[present]
     meta = pd.DataFrame(
         {
             "parent": ids.of("parent_session_id", first),
@@ -121,7 +126,7 @@ def _sessions(df: pd.DataFrame, ids: _Ids) -> tuple[pd.DataFrame, pd.DataFrame]:
         },
         index=pd.Index(sid[first], name="sid"),
     )
-    per = _per_session(rows, size=first.size)
+    per = _per_session(rows, size=size)
     # As floats from here on (one row a session), as if the rows had been.
     per = meta.join(per, how="left")
     per["ttft"] = per["ttft"].fillna(0.0)

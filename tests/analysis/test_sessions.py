@@ -132,3 +132,18 @@ def test_a_session_is_what_its_first_row_says(
     )
     assert list(t.index) == ["R"]
     assert t.loc["R", "sessions"] == 2
+
+
+def test_a_frame_cut_from_a_larger_one_keeps_its_trees(tree: pd.DataFrame) -> None:
+    """Rows taken from a larger frame keep its id categories, some now of no row:
+    those are no sessions (they were, at the first row's place, and made the
+    session table's index repeat)."""
+    cut = tree.iloc[-1:].reset_index(drop=True)  # T's row only, every id kept
+    assert "R" in cut["session_id"].cat.categories
+    alone = tree.iloc[-1:].copy()
+    for name in ("session_id", "root_session_id", "parent_session_id"):
+        alone[name] = alone[name].astype(str).replace("nan", None).astype("category")
+    got = session_trees(cut).set_index("root_session_id")
+    want = session_trees(alone.reset_index(drop=True)).set_index("root_session_id")
+    pd.testing.assert_frame_equal(got, want)
+    assert list(got.index) == ["T"]
