@@ -299,10 +299,12 @@ def _itl(run: Run, df: pd.DataFrame) -> tuple[Latency, Latency, float]:
     """ITL figures, spread ITL figures and the share of 0 ns gaps: from the frame's
     chunk column, or without one from the run's part files a batch at a time (the
     gaps are a row's own: the batches' gaps, one after the other, are the run's)."""
-    if "chunk_times_ns" in df.columns or not run.parts:
+    if "chunk_times_ns" in df.columns:
         itl, spread = m.itl_and_spread_ms(df)
-    else:
+    elif run.parts:
         itl, spread = _streamed_itl(run, df)
+    else:  # no chunk times to read (no part written, or none readable): no gaps
+        itl = spread = np.zeros(0)
     coalesced = m.itl_coalesced_share(df, itl)
     if spread is itl:
         figures = m.describe(itl, scratch=True)

@@ -165,6 +165,26 @@ def test_analyze_errors_are_one_line(tmp_path: Path) -> None:
     assert "bad SLO" in result.output
 
 
+@pytest.mark.parametrize("part", [None, b"PAR1 truncated"])
+def test_analyze_of_a_run_without_readable_rows_says_so(
+    tmp_path: Path, make_run_dir: Callable[..., Path], part: bytes | None
+) -> None:
+    """A run killed before its first part, or whose only part is unreadable: the
+    figures of no rows (ITL too: no chunk times to read), the problem named, no
+    traceback."""
+    path = make_run_dir(tmp_path / "r", [], parts=1)
+    for old in (path / "requests").iterdir():
+        old.unlink()
+    if part is not None:
+        (path / "requests" / "part-0-00000.parquet").write_bytes(part)
+    doc = json.loads(_invoke("analyze", str(path), "--json").output)
+    assert doc["requests"] == 0
+    assert doc["itl_ms"]["count"] == 0
+    if part is not None:
+        assert any("unreadable, skipped" in p for p in doc["run"]["problems"])
+    assert "Traceback" not in _invoke("analyze", str(path)).output
+
+
 def test_analyze_lru_needs_a_trace(
     tmp_path: Path,
     rec: Callable[..., RequestRecord],
