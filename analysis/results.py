@@ -266,6 +266,9 @@ class RunClientCheck:
     pool_wait_ms: Latency
     slot_wait_ms: Latency
     connect_ms: Latency
+    # Each wait's largest value (ms): the rows' when they have the column, else
+    # the recorded self-check's; a figure with neither has no ``max`` key.
+    maxima: dict[str, float] = field(default_factory=dict)
 
     @property
     def limited(self) -> bool | None:
@@ -290,11 +293,11 @@ class RunClientCheck:
             else self.recorded.as_dict()
         )
         out.pop("workers", None)
-        out.update(
-            pool_wait_ms=self.pool_wait_ms.as_dict(),
-            slot_wait_ms=self.slot_wait_ms.as_dict(),
-            connect_ms=self.connect_ms.as_dict(),
-        )
+        for name in ("pool_wait_ms", "slot_wait_ms", "connect_ms"):
+            figures = getattr(self, name).as_dict()
+            if name in self.maxima:
+                figures["max"] = self.maxima[name]
+            out[name] = figures
         return out
 
 

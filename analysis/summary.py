@@ -213,14 +213,29 @@ def _client_check(run: Run) -> RunClientCheck | None:
     pool = waits_ms("pool_wait_ns")
     if recorded is None and not np.isfinite(pool).any():
         return None
+    maxima: dict[str, float] = {}
+
+    def described(name: str, values: m.FloatArray) -> Latency:
+        figure = f"{name[:-3]}_ms"
+        # fmax skips NaNs without a copy; before describe reorders the array.
+        top = float(np.fmax.reduce(values)) if values.size else math.nan
+        if math.isfinite(top):
+            maxima[figure] = top
+        elif recorded is not None and "max" in getattr(recorded, figure):
+            maxima[figure] = float(getattr(recorded, figure)["max"])
+        return m.describe(values, scratch=True)
+
     # One column's waits at a time (each is the caller's to spend).
-    pool_ms = m.describe(pool, scratch=True)
+    pool_ms = described("pool_wait_ns", pool)
     del pool
+    slot_ms = described("slot_wait_ns", waits_ms("slot_wait_ns"))
+    connect_ms = described("connect_ns", waits_ms("connect_ns"))
     return RunClientCheck(
         recorded=recorded,
         pool_wait_ms=pool_ms,
-        slot_wait_ms=m.describe(waits_ms("slot_wait_ns"), scratch=True),
-        connect_ms=m.describe(waits_ms("connect_ns"), scratch=True),
+        slot_wait_ms=slot_ms,
+        connect_ms=connect_ms,
+        maxima=maxima,
     )
 
 

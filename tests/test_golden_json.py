@@ -1,7 +1,7 @@
-"""The JSON contracts hold byte for byte: `analyze` (--json and the table) over fixed
-run directories, `capacity --json`, `trace cache-curve --json` and run.json of
-virtual runs give what tests/data/golden/make.py captured; run.json files read and
-written back, and capacity.json, are unchanged."""
+"""The JSON contracts hold: `analyze` (--json and the table) over fixed run
+directories, `capacity --json`, `trace cache-curve --json` and run.json of virtual
+runs keep every key and line that tests/data/golden/make.py captured (added ones are
+fine); run.json files read and written back, and capacity.json, are unchanged."""
 
 from __future__ import annotations
 
@@ -19,8 +19,55 @@ def test_json_outputs_match_golden(tmp_path: Path) -> None:
     got = outputs(tmp_path)
     want = {p.name: p.read_text() for p in OUTPUTS.iterdir()}
     assert sorted(got) == sorted(want)
-    differ = [name for name in sorted(got) if got[name] != want[name]]
+    differ = {
+        name: why
+        for name in sorted(got)
+        if (why := _kept(name, want[name], got[name])) is not None
+    }
     assert not differ, f"differ from the golden files: {differ}"
+
+
+def _kept(name: str, want: str, got: str) -> str | None:
+    """Why ``got`` breaks the contract ``want`` states, or None: every JSON key the
+    golden file has keeps its value (added keys are fine); every line of a text
+    output is still there, in order (added lines are fine)."""
+    if name.endswith(".json"):
+        return _kept_json(json.loads(want), json.loads(got), "")
+    lines = iter(got.splitlines())
+    for line in want.splitlines():
+        if not any(line == have for have in lines):
+            return f"line lost or changed: {line!r}"
+    return None
+
+
+def _kept_json(want: object, got: object, where: str) -> str | None:
+    if isinstance(want, dict):
+        if not isinstance(got, dict):
+            return f"{where or '/'}: not an object"
+        for key, value in want.items():
+            if key not in got:
+                return f"{where}/{key}: key lost"
+            if (why := _kept_json(value, got[key], f"{where}/{key}")) is not None:
+                return why
+        return None
+    if isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            return f"{where}: list changed length"
+        for i, (a, b) in enumerate(zip(want, got, strict=True)):
+            if (why := _kept_json(a, b, f"{where}[{i}]")) is not None:
+                return why
+        return None
+    return None if want == got else f"{where}: {want!r} -> {got!r}"
+
+
+def test_golden_check_fails_on_a_lost_key_or_a_changed_value() -> None:
+    want = '{"a": {"b": 1, "c": [1, 2]}, "d": "x"}'
+    assert _kept("f.json", want, '{"a": {"b": 1, "c": [1, 2], "e": 0}, "d": "x"}') is None
+    assert _kept("f.json", want, '{"a": {"c": [1, 2]}, "d": "x"}') == "/a/b: key lost"
+    assert _kept("f.json", want, '{"a": {"b": 2, "c": [1, 2]}, "d": "x"}') is not None
+    assert _kept("f.json", want, '{"a": {"b": 1, "c": [1]}, "d": "x"}') is not None
+    assert _kept("f.txt", "x\ny\n", "x\nnew\ny\n") is None
+    assert _kept("f.txt", "x\ny\n", "y\nx\n") is not None
 
 
 @pytest.mark.parametrize(
