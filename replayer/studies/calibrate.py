@@ -518,6 +518,67 @@ def _lone_prefills(
     )
 
 
+# Steps read as lasting no time at all are chunks the client read together, not
+# engine steps; past this share of a run's steps, its steps do not resolve the engine.
+_COALESCED_SHARE = 0.5
+
+
+def usable_steps(
+    runs: Sequence[Run], samples: Sequence[StepSamples]
+) -> tuple[list[StepSamples], list[str]]:
+    """Each run's steps of a measurable length (finite, > 0 µs), and warnings (runs
+    the self-check flagged client-limited, runs whose chunks mostly arrived
+    together).
+
+    Raises:
+        CalibrationError: one line naming the runs and why, when every run was
+            client-limited, or when too few steps are left to fit.
+    """
+    limited = [
+        run for run in runs if run.meta.client_check is not None and run.meta.client_check.limited
+    ]
+    if limited and len(limited) == len(runs):
+        why = "; ".join(
+            f"{run.path}: {', '.join(run.meta.client_check.reasons) or 'limited'}"
+            for run in limited
+            if run.meta.client_check is not None
+        )
+        raise CalibrationError(
+            f"every run given was flagged client-limited ({why}): their timings are "
+            "the client's, not the server's; rerun with fewer lanes or --workers"
+        )
+    warnings = [
+        f"{run.path} was flagged client-limited "
+        f"({', '.join(run.meta.client_check.reasons)}): its steps are fitted, but "
+        "may carry the client's delays"
+        for run in limited
+        if run.meta.client_check is not None
+    ]
+    kept: list[StepSamples] = []
+    counts: list[str] = []
+    for run, got in zip(runs, samples, strict=True):
+        ok = np.isfinite(got.y_us) & (got.y_us > 0)
+        kept.append(StepSamples(x=got.x[ok], y_us=got.y_us[ok]))
+        n, used = got.steps, int(ok.sum())
+        counts.append(f"{run.path}: {used:,} of {n:,} steps usable")
+        if n and (n - used) / n > _COALESCED_SHARE:
+            warnings.append(
+                f"{run.path}: {n - used:,} of {n:,} steps read as lasting 0 us: the "
+                "client read several steps' chunks at once (a loaded host, or a "
+                "server faster than the client reads), so its steps are thin"
+            )
+    total = sum(k.steps for k in kept)
+    if total < 2 * len(TERMS):
+        raise CalibrationError(
+            f"only {total} engine steps of a measurable length could be read off the "
+            f"runs' rows (at least {2 * len(TERMS)} needed; {'; '.join(counts)}): "
+            "chunks that arrive together or requests of one output token show no "
+            "step; give longer runs, more concurrency, or a server the client can "
+            "keep up with"
+        )
+    return kept, warnings
+
+
 def fit_steps(samples: StepSamples) -> tuple[dict[str, float], float]:
     """Terms (>= 0) that best explain the steps' durations, by scipy's bounded
     least squares with a soft-L1 loss (a late chunk or a misread cluster is an
@@ -535,9 +596,14 @@ def fit_steps(samples: StepSamples) -> tuple[dict[str, float], float]:
     scale = np.maximum(np.abs(x).mean(axis=0), 1e-12)
     xs = x / scale
     used = np.abs(x).sum(axis=0) > 0
-    start = np.zeros(len(TERMS))
-    start[0] = float(np.median(y))
     y_scale = float(np.median(y))
+    if not (math.isfinite(y_scale) and y_scale > 0):
+        raise CalibrationError(
+            f"the median engine step read off the runs' rows lasts {y_scale:g} us: "
+            "nothing to fit a step time on"
+        )
+    start = np.zeros(len(TERMS))
+    start[0] = y_scale
 
     def residuals(p: FloatArray) -> FloatArray:
         out: FloatArray = (xs @ p - y) / y_scale
@@ -768,17 +834,21 @@ def calibrate(
     shape, sources = cache_shape_of(runs, flags)
     server = server_info(runs[0])
     samples = [step_samples(r.requests, shape.max_num_batched_tokens) for r in runs]
+    samples, warnings = usable_steps(runs, samples)
     both = StepSamples(
         x=np.vstack([s.x for s in samples]),
         y_us=np.concatenate([s.y_us for s in samples]),
     )
     first, step_residual = fit_steps(both)
-    notes = _unseen(both)
+    unseen = _unseen(both)
+    notes = [*warnings, *unseen]
     say(
         f"steps: {both.steps:,} read off {len(runs)} run(s); median step residual "
         f"{step_residual:.1%}"
     )
-    for note in notes:
+    for warning in warnings:
+        say(f"warning: {warning}")
+    for note in unseen:
         say(f"note: {note}")
     items = [replayable(r) for r in runs]
     free = [name for name in TERMS if first[name] > 0]

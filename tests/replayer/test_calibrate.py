@@ -105,10 +105,15 @@ def test_calibrate_recovers_hidden_truth_and_predicts_other_levels(
     assert "policy: simulator settings" in doc["cache_sources"]
     assert fitted["fit"]["runs"] == [str(live_runs[c]) for c in TRAIN]
     assert [h["label"] for h in doc["holdout"]] == [f"concurrency {c}" for c in HOLDOUT]
+    # Against the live held-out runs: a bound that holds on a loaded host (another
+    # job on the 2 cores once made held-out c1's measured TTFT P90 100.6 ms against
+    # 69.7 ms predicted, all of it the host's stalls, none the model's). The
+    # model's own error is pinned to 10% below, against the true terms in virtual
+    # time, where the host's load cannot reach.
     for held in doc["holdout"]:
         figs = held["figures"]
         for name in ("ttft_p90_ms", "e2e_p90_ms"):
-            assert abs(figs[name]["error"]) <= 0.10, (held["label"], name, figs[name])
+            assert abs(figs[name]["error"]) <= 0.5, (held["label"], name, figs[name])
         assert abs(figs["hit_rate"]["error"]) <= 2.0, (held["label"], figs["hit_rate"])
     # The calibration's own error, apart from the live simulator's: the held-out
     # levels replayed in virtual time on the true terms.
@@ -314,3 +319,67 @@ def test_refinement_weighs_a_figure_by_how_tightly_its_run_pins_it(
     assert misses(loose)[i] == pytest.approx(math.log(1.3) / loose.log_se[name])
     assert misses(tight)[i] == pytest.approx(math.log(1.3) / 0.1)  # the floor: 10%
     assert sum(abs(r) for r in misses(loose)) == pytest.approx(misses(loose)[i])
+
+
+# -- degenerate fits end with one line that names the runs and why ----------------
+
+GOLDEN_LIVE = Path(__file__).resolve().parents[1] / "data/golden/inputs/live"
+
+
+def _golden_copy(tmp_path: Path, name: str, *, limited: bool = False) -> Path:
+    """The golden live run (48 rows against the built-in sim), its trace path made
+    this checkout's, its self-check verdict set as asked."""
+    run = tmp_path / name
+    shutil.copytree(GOLDEN_LIVE, run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["trace"]["path"] = str(GOLDEN_LIVE.parent / "trace.jsonl")
+    if limited:
+        meta["client_check"]["limited"] = True
+        meta["client_check"]["reasons"] = ["requests sent late: dispatch lag P99"]
+    (run / "run.json").write_text(json.dumps(meta))
+    return run
+
+
+def test_calibrate_ends_a_fit_without_measurable_steps(tmp_path: Path) -> None:
+    """Every chunk of a row read at one instant (a client that read the whole
+    stream at once): no step has a length; was `ValueError: Residuals are not
+    finite in the initial point`."""
+    run = _golden_copy(tmp_path, "coalesced")
+    for part in (run / "requests").glob("*.parquet"):
+        table = pq.read_table(part)
+        chunks = [
+            None if c is None else [c[-1]] * len(c)
+            for c in table.column("chunk_times_ns").to_pylist()
+        ]
+        i = table.schema.get_field_index("chunk_times_ns")
+        field = table.schema.field(i)
+        table = table.set_column(i, field, pa.array(chunks, type=field.type))
+        pq.write_table(table, part)
+    result = _invoke(["calibrate", str(run), "-o", str(tmp_path / "E.json")])
+    _one_line_exit_2(result, "engine steps of a measurable length", str(run))
+    assert not (tmp_path / "E.json").exists()
+
+
+def test_calibrate_refuses_runs_that_are_all_client_limited(tmp_path: Path) -> None:
+    runs = [_golden_copy(tmp_path, f"r{i}", limited=True) for i in range(2)]
+    result = _invoke(
+        ["calibrate", *map(str, runs), "-o", str(tmp_path / "E.json")]
+    )
+    _one_line_exit_2(result, "client-limited", str(runs[0]), "dispatch lag")
+    assert not (tmp_path / "E.json").exists()
+
+
+def test_calibrate_warns_of_a_client_limited_run(tmp_path: Path) -> None:
+    good = _golden_copy(tmp_path, "good")
+    late = _golden_copy(tmp_path, "late", limited=True)
+    engine = tmp_path / "E.json"
+    result = CliRunner().invoke(
+        main, ["calibrate", str(good), str(late), "-o", str(engine)]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"warning: {late} was flagged client-limited" in result.stderr
+    as_json = _invoke(
+        ["calibrate", str(good), str(late), "-o", str(engine), "--json"]
+    )
+    notes = json.loads(as_json.stdout)["notes"]
+    assert any(f"{late} was flagged client-limited" in n for n in notes)
