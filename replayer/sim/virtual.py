@@ -112,7 +112,9 @@ class VirtualEngine:
         context = sum(req.num_tokens for req in core.running)
         # Each step reads one more token per sequence; its time in whole ns as _ns.
         contexts = context + seqs * np.arange(k, dtype=np.int64)
-        durations = np.rint(core.decode_durations_us(seqs, contexts) * 1000)
+        durations = np.rint(
+            core.decode_durations_us(seqs, contexts) * 1000 / self.config.speed
+        )
         at_ends = start + np.cumsum(np.maximum(durations, 1).astype(np.int64))
         n = k if limit_ns is None else int(np.searchsorted(at_ends, limit_ns, "right"))
         if n < 2:
@@ -133,7 +135,8 @@ class VirtualEngine:
     def _plan(self, start: int) -> None:
         result = self.core.step()
         assert result is not None
-        duration = _ns(result.duration_us)
+        # --speed divides every modeled delay, as the live simulator's engine does.
+        duration = _ns(result.duration_us / self.config.speed)
         self._pending = result
         self._pending_end_ns = start + duration
         self.steps += 1

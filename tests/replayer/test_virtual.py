@@ -76,6 +76,25 @@ def test_virtual_run_is_a_run_directory_with_its_engine_model(tmp_path: Path) ->
     assert a.returncode == 0, a.stderr
 
 
+def test_virtual_sim_applies_speed_as_the_live_simulator_does(tmp_path: Path) -> None:
+    """--sim-args "--speed 10" divides every modeled delay in virtual time too (was:
+    ignored, so a prediction of a --speed 10 simulator was ten times too slow)."""
+    trace = _trace(tmp_path / "t.jsonl", 2)
+    tpot: dict[str, float] = {}
+    for speed in ("1", "10"):
+        out = tmp_path / f"s{speed}"
+        r = _run(
+            "run", str(trace), "--concurrency", "2", "--virtual", "sim",
+            "--sim-args", f"{_SMALL_KV} --speed {speed}", "--out", str(out),
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        meta = json.loads((out / "run.json").read_text())
+        assert meta["virtual"]["engine_model"]["steps"]["decode_base_ms"] == 8.0
+        rows = load_run(out).requests
+        tpot[speed] = float(rows["tpot_ns"].median())
+    assert tpot["10"] == pytest.approx(tpot["1"] / 10, rel=0.02)
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
