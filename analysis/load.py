@@ -727,6 +727,11 @@ def load_capacity(path: str | Path) -> CapacityDoc | None:
         doc.get("result"), dict
     ):
         raise AnalysisError(f"{Path(path) / 'capacity.json'}: not a capacity search")
+    if "source" not in doc["result"]:
+        # Written before capacity.json said so: a cell's run.json tells.
+        engine = _cells_engine(Path(path), doc["cells"])
+        doc["result"]["source"] = "live" if engine is None else "virtual"
+        doc["search"] = {**doc.get("search", {}), "virtual": engine}
     try:
         return CapacityDoc.from_dict(doc)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -734,6 +739,17 @@ def load_capacity(path: str | Path) -> CapacityDoc | None:
             f"{Path(path) / 'capacity.json'}: not a capacity search this version "
             f"reads ({type(exc).__name__}: {exc})"
         ) from None
+
+
+def _cells_engine(path: Path, cells: list[Any]) -> str | None:
+    """The engine model the first cell ran on in virtual time (None: live)."""
+    for cell in cells:
+        name = cell.get("name") if isinstance(cell, dict) else None
+        meta = _read_json(path / str(name) / "run.json") if name else None
+        if isinstance(meta, dict):
+            virtual = meta.get("virtual")
+            return str(virtual.get("source")) if isinstance(virtual, dict) else None
+    return None
 
 
 def load_trace_for(run: Run, trace_path: str | Path | None = None) -> Trace:

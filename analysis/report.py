@@ -18,7 +18,7 @@ from analysis import metrics as m
 from analysis.load import Run
 from analysis.results import CacheRates, as_json
 from analysis.summary import Summary
-from analysis.text import fmt_value, summary_rows
+from analysis.text import capacity_headline, fmt_value, summary_rows
 from replayer.records.capacity import CapacityCell, CapacityDoc, SloCheck
 
 _NS_PER_S = 1e9
@@ -521,10 +521,14 @@ def _run_sections(
     for s in summaries:
         r = s.run
         sim = " (simulated endpoint)" if r.simulated else ""
+        where = (
+            f"in virtual time on {html.escape(r.virtual)} (predicted, not measured)"
+            if r.virtual is not None
+            else f"at {html.escape(str(r.endpoint))}{sim}"
+        )
         parts.append(
             f"<p class='note'><b>{html.escape(r.name)}</b>: model "
-            f"{html.escape(str(r.model))} at "
-            f"{html.escape(str(r.endpoint))}{sim}; mode "
+            f"{html.escape(str(r.model))} {where}; mode "
             f"{html.escape(json.dumps(as_json(r.mode)))}</p>"
         )
     rows = summary_rows(summaries)
@@ -536,9 +540,13 @@ def _run_sections(
     if capacity is not None and capacity.cells and capacity.result is not None:
         result = capacity.result
         parts.append("<h2>Capacity under the SLO</h2>")
+        headline = capacity_headline(capacity)
+        if headline is not None:
+            parts.append(f"<p><b>{html.escape(headline)}</b></p>")
+        source = "virtual: predicted, " if result.source == "virtual" else ""
         parts.append(
             f"<p>Highest level within the SLO: <b>{result.max_level:g}</b>"
-            f" ({html.escape(result.status)}); "
+            f" ({source}{html.escape(result.status)}); "
             + html.escape("; ".join(result.failed_because) or "no failing level")
             + "</p>"
         )

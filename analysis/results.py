@@ -73,6 +73,9 @@ class RunInfo(_Json):
     complete: bool  # ended on its own, having played what it was meant to
     incomplete_reason: str | None
     problems: tuple[str, ...] = ()
+    # The engine model a virtual-time run replayed on ("sim" or an ENGINE.json);
+    # None: a live run, measured.
+    virtual: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -192,6 +192,7 @@ def _run_info(run: Run) -> RunInfo:
         complete=meta.incomplete_reason is None,
         incomplete_reason=meta.incomplete_reason,
         problems=tuple(run.problems),
+        virtual=None if meta.virtual is None else meta.virtual.source,
     )
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 
 from analysis.results import Validity
 from analysis.summary import Summary
+from replayer.records.capacity import CapacityDoc, SloCheck
 
 Getter = Callable[[Summary], Any]
 
@@ -224,6 +225,12 @@ def format_summaries(summaries: Sequence[Summary]) -> str:
         if not s.run.complete
     ]
     notes += client_notes(summaries)
+    notes += [
+        f"{s.run.name}: virtual time on {s.run.virtual}: every figure is predicted "
+        "by the engine model, not measured on a server"
+        for s in summaries
+        if s.run.virtual is not None
+    ]
     # The verdict line is for runs of the AgentX profile; `--json` has it for all.
     notes += [
         _verdict_line(s, s.validity)
@@ -318,3 +325,56 @@ def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
         for r in rows
     ]
     return _grid(header, body)
+
+
+def _slo_misses(checks: Sequence[SloCheck], percentile: float) -> str:
+    """The SLO checks a cell missed, "ttft p90 3.97 s > 2 s", or its figures."""
+    missed = [c for c in checks if not c.passed] or list(checks)
+    return "; ".join(
+        f"{c.metric.removesuffix('_ms')} p{percentile:g} {_seconds(c.value_ms)} "
+        f"{'>' if not c.passed else '<='} {_seconds(c.target_ms)}"
+        for c in missed
+    )
+
+
+def _seconds(ms: float) -> str:
+    if not math.isfinite(ms):
+        return "-"
+    return f"{ms / 1000:,.2f} s" if ms >= 1000 else f"{ms:,.1f} ms"
+
+
+def capacity_headline(doc: CapacityDoc) -> str | None:
+    """What a capacity answer is, said first: None for a live search; for a
+    virtual one, that it was predicted, and what the live check (``--confirm``)
+    made of it: "predicted 7, refuted live at 7: ttft p90 3.97 s > 2 s; hit 9.0%
+    live against 61.7% predicted"."""
+    result = doc.result
+    if result is None or result.source != "virtual":
+        return None
+    best = f"{result.max_level:g}"
+    model = doc.search.virtual or "an engine model"
+    confirm = doc.confirm
+    if confirm is None:
+        return (
+            f"predicted {best} in virtual time on {model}: not measured "
+            "(--confirm checks it live)"
+        )
+    pct = doc.search.percentile
+    for row in confirm.levels:
+        guess, live = row.predicted, row.measured
+        if guess is not None and guess.passed == live.passed:
+            continue
+        said = "FAIL" if not live.passed else "pass"
+        hit = ""
+        if live.hit is not None and guess is not None and guess.hit is not None:
+            hit = f"; hit {live.hit:.1%} live against {guess.hit:.1%} predicted"
+        return (
+            f"predicted {best}, refuted live at {row.level:g} ({said}: "
+            f"{_slo_misses(live.checks, pct)}{hit}): the virtual answer does not "
+            "hold; recalibrate (replayer calibrate) before trusting it"
+        )
+    levels = ", ".join(
+        f"{row.level:g} {'pass' if row.measured.passed else 'FAIL'}"
+        for row in confirm.levels
+    )
+    return f"predicted {best}, confirmed live ({levels})"

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from analysis.load import Run
     from analysis.slo import Slo
     from analysis.summary import Summary
+    from replayer.records.capacity import CapacityDoc
 
 _RUN_DIR = DIRECTORY
 
@@ -211,7 +212,7 @@ def analyze(
                     {
                         "path": str(p),
                         "levels": t.to_dict(orient="records"),
-                        **({"capacity": c.result.as_dict()} if c and c.result else {}),
+                        **(_capacity_json(c) if c and c.result else {}),
                     }
                     for (p, t), c in zip(tables, capacities, strict=True)
                 ],
@@ -225,10 +226,29 @@ def analyze(
         click.echo(f"\nsweep {p} (* = on the Pareto front)")
         click.echo(format_sweep(table))
         if cap:
-            from replayer.cli.capacity import format_capacity
+            from replayer.cli.capacity import format_capacity, format_confirm
 
             click.echo(f"\ncapacity search {p}")
             click.echo(format_capacity(cap))
+            if cap.confirm is not None:
+                click.echo(format_confirm(cap.confirm, cap.search.percentile))
+
+
+def _capacity_json(doc: CapacityDoc) -> dict[str, Any]:
+    """A capacity folder's keys in analyze --json: ``capacity``, the result as
+    capacity.json has it (``source``: live or virtual); ``capacity_headline``, what
+    a virtual answer is (None: a live one); ``confirm``, the live check of a
+    virtual answer, when one ran."""
+    from analysis.text import capacity_headline
+
+    assert doc.result is not None
+    out: dict[str, Any] = {
+        "capacity": doc.result.as_dict(),
+        "capacity_headline": capacity_headline(doc),
+    }
+    if doc.confirm is not None:
+        out["confirm"] = doc.confirm.as_dict()
+    return out
 
 
 @click.command("compare")

@@ -62,6 +62,8 @@ def _cell_line(cell: CapacityCell, percentile: float) -> str:
 
 def format_capacity(doc: CapacityDoc) -> str:
     """The cell table and the result, as `capacity` prints them."""
+    from analysis.text import capacity_headline
+
     search, result = doc.search, doc.result
     assert result is not None
     pct = search.percentile
@@ -98,7 +100,15 @@ def format_capacity(doc: CapacityDoc) -> str:
         )
     best = result.max_level
     per_gpu = f" ({result.per_gpu:,.3g} per GPU)" if result.per_gpu is not None else ""
-    lines.append(f"max {what} within the SLO (p{pct:g} {slo}): {best:g}{unit}{per_gpu}")
+    virtual = (
+        " [virtual: predicted, not measured]" if result.source == "virtual" else ""
+    )
+    headline = capacity_headline(doc)
+    if headline is not None:
+        lines.append(headline)
+    lines.append(
+        f"max {what} within the SLO (p{pct:g} {slo}): {best:g}{unit}{per_gpu}{virtual}"
+    )
     span = result.answer_range
     if result.thin and span:
         lines.append(
@@ -350,10 +360,16 @@ def format_confirm(confirm: Confirmation, percentile: float) -> str:
             hit = "" if cell.hit is None else f", hit {cell.hit:.1%}"
             verdict = "pass" if cell.passed else "FAIL"
             lines.append(f"    {side:<9}  {verdict}: {checks}{hit}")
+    differ = [
+        f"{row.level:g}"
+        for row in confirm.levels
+        if row.predicted is None or row.predicted.passed != row.measured.passed
+    ]
     lines.append(
         "  the live cells agree with the prediction"
         if confirm.agrees
-        else "  the live verdict differs from the prediction at a level above: "
-        "recalibrate (replayer calibrate) before trusting the virtual answer"
+        else f"  the live verdict differs from the prediction at level "
+        f"{', '.join(differ)}: recalibrate (replayer calibrate) before trusting "
+        "the virtual answer"
     )
     return "\n".join(lines)

@@ -72,6 +72,9 @@ class SearchSettings:
     reset_cache: bool = False
     widen_borderline: bool = True
     gpus: int | None = None
+    # The engine model the cells ran on in virtual time ("sim" or an ENGINE.json);
+    # None: live cells, measured on a server.
+    virtual: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SearchSettings:
@@ -189,10 +192,14 @@ class CapacityResult:
     answer_range: tuple[float, float] | None = None  # what the cells support
     thin: bool = False  # the range is wider than the answer
     thin_because: tuple[str, ...] = ()
+    # "virtual": predicted by an engine model in virtual time, not measured;
+    # "live": the cells were measured on a server.
+    source: str = "live"
 
     def as_dict(self) -> dict[str, Any]:
         key = "max_session_rate" if self.rate else "max_concurrency"
         return {
+            "source": self.source,
             "status": self.status,
             key: self.max_level,
             "max_level": self.max_level,
@@ -258,6 +265,7 @@ class CapacityResult:
             else None,
             thin=bool(d.get("thin")),
             thin_because=_strs(d.get("thin_because")),
+            source=str(d.get("source") or "live"),
         )
 
 

@@ -535,7 +535,9 @@ def usable_steps(
             client-limited, or when too few steps are left to fit.
     """
     limited = [
-        run for run in runs if run.meta.client_check is not None and run.meta.client_check.limited
+        run
+        for run in runs
+        if run.meta.client_check is not None and run.meta.client_check.limited
     ]
     if limited and len(limited) == len(runs):
         why = "; ".join(

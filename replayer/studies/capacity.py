@@ -238,17 +238,23 @@ def run_capacity(
             reset_cache=search.reset_cache,
             widen_borderline=search.widen_borderline,
             gpus=search.gpus,
+            virtual=config.virtual,
         )
     )
     stopped: str | None = None
+    unsettled: list[str] = []  # virtual knee levels whose verdict moved with the window
 
     def save(status: SearchStatus) -> CapacityDoc:
         nonlocal doc
-        doc = replace(
-            doc,
-            cells=tuple(cells),
-            result=_result(search, bounds, cells, status, stopped),
-        )
+        result = _result(search, bounds, cells, status, stopped)
+        if config.virtual is not None:
+            result = replace(
+                result,
+                source="virtual",
+                thin=result.thin or bool(unsettled),
+                thin_because=(*result.thin_because, *unsettled),
+            )
+        doc = replace(doc, cells=tuple(cells), result=result)
         by_level = sorted(cells, key=lambda c: (c.level, c.duration_s or 0.0))
         write_json_atomic(out / "sweep.json", {"levels": [c.name for c in by_level]})
         write_json_atomic(out / "capacity.json", doc.as_dict())
@@ -305,10 +311,60 @@ def run_capacity(
                     widened_from, cell_s = name, cell_s * 2
                 bounds.record(level, cell.passed, client_limited=limited)
                 level = bounds.next_level()
+            if resolved.virtual is not None and bounds.status == "found":
+                unsettled.extend(
+                    _settle_knee(trace_path, resolved, search, bounds, cells, out, sim)
+                )
         except KeyboardInterrupt:
             save("interrupted")
             raise
     return save(bounds.status)
+
+
+def _settle_knee(
+    trace_path: Path,
+    config: ReplayConfig,
+    search: CapacitySearch,
+    bounds: _Search,
+    cells: list[CapacityCell],
+    out: Path,
+    sim: SimRecord | None,
+) -> list[str]:
+    """A virtual search's two levels at the knee (the answer and the lowest
+    failure), each replayed again on a window twice as long (seconds of virtual
+    time): near the knee a cell's own steady state can need more than the cell
+    had. Appends the longer cells (their verdict stands, as a widened cell's
+    does); returns, for each level whose verdict moved with the window, why the
+    answer is thin."""
+    why: list[str] = []
+    for level in (bounds.passed, bounds.failed):
+        if not level:
+            continue
+        last = [c for c in cells if c.level == level][-1]
+        if last.client_limited:
+            continue
+        span = 2 * (last.duration_s or DEFAULT_CELL_S)
+        name = _name(level, search.rate) + "-long"
+        cell = _play_cell(
+            trace_path,
+            _cell_config(config, level, search, span),
+            search,
+            out / name,
+            level=level,
+            widened_from=last.name,
+            progress=None,
+            sim=sim,
+        )
+        cells.append(cell)
+        if cell.passed != last.passed:
+            verdict = {True: "pass", False: "FAIL"}
+            why.append(
+                f"the virtual verdict at {_name(level, search.rate)} moves with the "
+                f"window ({verdict[last.passed]} at {last.duration_s or 0:g} s, "
+                f"{verdict[cell.passed]} at {span:g} s): give --duration {span:g} "
+                "or more"
+            )
+    return why
 
 
 def _play_cell(
@@ -372,12 +428,18 @@ def confirm_capacity(
         predicted[cell.level] = cell
     duration = config.duration_s or DEFAULT_CELL_S
     rows: list[ConfirmLevel] = []
+    spans: list[float] = []
     with running_endpoint(config) as (resolved, sim):
         for level in levels:
             name = "confirm-" + _name(level, search.rate)
+            # Like with like: the live cell runs as long as the virtual cell whose
+            # verdict stands (a widened or knee-settling one runs longer).
+            guess = predicted.get(level)
+            span = (guess.duration_s if guess else None) or duration
+            spans.append(span)
             cell = _play_cell(
                 trace_path,
-                _cell_config(resolved, level, search, duration),
+                _cell_config(resolved, level, search, span),
                 search,
                 out / name,
                 level=level,
@@ -393,7 +455,6 @@ def confirm_capacity(
                 checks=cell.checks,
                 hit=_hit(out / name),
             )
-            guess = predicted.get(level)
             rows.append(
                 ConfirmLevel(
                     level=level,
@@ -416,7 +477,7 @@ def confirm_capacity(
         doc,
         confirm=Confirmation(
             endpoint=public_url(config.endpoint.base_url),  # None: the built-in sim
-            cell_duration_s=duration,
+            cell_duration_s=max(spans, default=duration),
             levels=tuple(rows),
             agrees=all(
                 r.predicted is not None and r.predicted.passed == r.measured.passed

@@ -46,7 +46,9 @@ def test_a_run_without_the_wait_columns_keeps_the_recorded_maxima(
     shutil.copytree(LIVE, run)
     for part in (run / "requests").glob("*.parquet"):
         table = pq.read_table(part)
-        keep = [c for c in table.column_names if c not in ("slot_wait_ns", "connect_ns")]
+        keep = [
+            c for c in table.column_names if c not in ("slot_wait_ns", "connect_ns")
+        ]
         pq.write_table(table.select(keep), part)
     recorded = json.loads((run / "run.json").read_text())["client_check"]
     check = _analyze(run)

@@ -362,9 +362,7 @@ def test_calibrate_ends_a_fit_without_measurable_steps(tmp_path: Path) -> None:
 
 def test_calibrate_refuses_runs_that_are_all_client_limited(tmp_path: Path) -> None:
     runs = [_golden_copy(tmp_path, f"r{i}", limited=True) for i in range(2)]
-    result = _invoke(
-        ["calibrate", *map(str, runs), "-o", str(tmp_path / "E.json")]
-    )
+    result = _invoke(["calibrate", *map(str, runs), "-o", str(tmp_path / "E.json")])
     _one_line_exit_2(result, "client-limited", str(runs[0]), "dispatch lag")
     assert not (tmp_path / "E.json").exists()
 
@@ -378,8 +376,6 @@ def test_calibrate_warns_of_a_client_limited_run(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert f"warning: {late} was flagged client-limited" in result.stderr
-    as_json = _invoke(
-        ["calibrate", str(good), str(late), "-o", str(engine), "--json"]
-    )
+    as_json = _invoke(["calibrate", str(good), str(late), "-o", str(engine), "--json"])
     notes = json.loads(as_json.stdout)["notes"]
     assert any(f"{late} was flagged client-limited" in n for n in notes)

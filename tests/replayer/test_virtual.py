@@ -269,3 +269,30 @@ def test_virtual_run_interrupted_keeps_its_rows(tmp_path: Path, sig: int) -> Non
     meta = json.loads((out / "run.json").read_text())
     assert meta["interrupted"] is True
     assert len(load_run(out).requests) > 0
+
+
+def test_virtual_knee_is_judged_on_a_longer_window_or_marked_thin(
+    tmp_path: Path,
+) -> None:
+    """The golden search's knee: c2 fails on 40 s of virtual time and passes on
+    80 s, so the answer is marked thin with that reason (was: the short window's
+    verdict stood unmarked)."""
+    golden = Path(__file__).resolve().parents[1] / "data/golden/inputs/trace.jsonl"
+    out = tmp_path / "cap"
+    r = _run(
+        "capacity", str(golden), "--virtual", "sim", "--seed", "1", "--salt",
+        "golden", "--quiet", "--slo", "ttft=300ms,tpot=20ms", "--duration", "20",
+        "--max-level", "8", "--out", str(out), "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    result = doc["result"]
+    assert result["source"] == "virtual"
+    assert doc["search"]["virtual"] == "sim"
+    names = [c["name"] for c in doc["cells"]]
+    assert names[-2:] == ["c1-long", "c2-long"]
+    assert result["thin"] is True
+    assert any(
+        "virtual verdict at c2 moves with the window (FAIL at 40 s, pass at 80 s)" in b
+        for b in result["thin_because"]
+    ), result["thin_because"]
