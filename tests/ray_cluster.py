@@ -29,23 +29,52 @@ LOOPBACK_ONLY = {
 }
 
 
+class ClusterDidNotStart(RuntimeError):
+    """The nodes did not come up within the host's deadline (the cluster's
+    processes are stopped before this is raised)."""
+
+
+def start_deadline_s() -> float:
+    """How long the nodes may take to register: 60 s on an idle host, longer in
+    step with the load on its cores (a node's GCS and raylet start several
+    processes each; beside a CPU burner on 2 cores that took over 30 s), at most
+    240 s."""
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return min(240.0, 60.0 * max(1.0, 1.0 + load))
+
+
 @contextlib.contextmanager
 def loopback_cluster(nodes: int = 2) -> Iterator[Any]:
     """``nodes`` Ray nodes on loopback (a ``Cluster``; its ``address`` is what
     ``--ray`` takes), with LOOPBACK_ONLY in this process's environment while they
-    run. Shut down, and the environment restored, on exit."""
+    run. Shut down, and the environment restored, on exit.
+
+    Raises:
+        ClusterDidNotStart: the nodes did not register within
+            :func:`start_deadline_s` (Ray's own wait is a fixed 30 s).
+    """
     from ray.cluster_utils import Cluster
 
     saved = {name: os.environ.get(name) for name in LOOPBACK_ONLY}
     os.environ.update(LOOPBACK_ONLY)
     try:
-        cluster: Any = Cluster(
-            initialize_head=True,
-            head_node_args={**SMALL_NODE, "include_dashboard": False},
-        )
+        cluster: Any = Cluster(initialize_head=False)
+        deadline = start_deadline_s()
         try:
-            for _ in range(nodes - 1):
-                cluster.add_node(**SMALL_NODE)
+            try:
+                # One by one, as Cluster does: the nodes register in the order
+                # added, and a driver connects to the first.
+                for k in range(nodes):
+                    extra = {} if k else {"include_dashboard": False}
+                    node = cluster.add_node(wait=False, **SMALL_NODE, **extra)
+                    cluster._wait_for_node(node, timeout=deadline)
+                cluster.wait_for_nodes(timeout=deadline)
+            except TimeoutError as exc:
+                raise ClusterDidNotStart(
+                    f"{nodes} Ray nodes did not register within {deadline:.0f} s on "
+                    f"this host (load {os.getloadavg()[0]:.1f} on "
+                    f"{os.cpu_count()} cores): {exc}"
+                ) from None
             yield cluster
         finally:
             cluster.shutdown()

@@ -33,6 +33,7 @@ import pytest
 from tests.builders import growing_session, trace_of
 from tests.processes import REPLAYER, run_cli
 from tests.ray_cluster import (
+    ClusterDidNotStart,
     beyond_loopback,
     listening,
     loopback_cluster,
@@ -49,9 +50,13 @@ pytestmark = pytest.mark.timeout(600)
 @pytest.fixture(scope="module")
 def ray_nodes() -> Iterator[Any]:
     """Two Ray nodes on this machine, on loopback (a ``Cluster``). Stopped after the
-    module."""
-    with loopback_cluster(2) as cluster:
-        yield cluster
+    module. Skips the module, saying why, when the host is too loaded for the
+    nodes to register within a deadline that grows with its load."""
+    try:
+        with loopback_cluster(2) as cluster:
+            yield cluster
+    except ClusterDidNotStart as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture
