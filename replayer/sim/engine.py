@@ -143,6 +143,9 @@ class Engine:
                     if result is None:
                         break
                     step_s += result.duration_us / 1e6 / self.config.speed
+                    self.stats.iteration_tokens.observe(
+                        result.prefill_tokens + result.decode_seqs
+                    )
                     for req in result.emitted:
                         emitted[req.handle] = None
                     if step_s >= _COALESCE_S or step_s == 0.0:

@@ -23,6 +23,12 @@ TPOT_BUCKETS_S = (
     5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
 
+# vLLM's tokens-per-engine-step buckets (vllm:iteration_tokens_total).
+ITERATION_TOKEN_BUCKETS = (
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
+    8192.0, 16384.0,
+)  # fmt: skip
+
 
 @dataclass(slots=True)
 class Histogram:
@@ -54,6 +60,9 @@ class EngineStats(CoreStats):
     ttft_s: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
     e2e_s: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS_S))
     tpot_s: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS_S))
+    iteration_tokens: Histogram = field(
+        default_factory=lambda: Histogram(ITERATION_TOKEN_BUCKETS)
+    )
 
 
 def render_metrics(stats: EngineStats, model: str, *, block_size: int = 16) -> str:
@@ -142,6 +151,11 @@ def render_metrics(stats: EngineStats, model: str, *, block_size: int = 16) -> s
             "vllm:time_per_output_token_seconds",
             "Histogram of time per output token in seconds.",
             stats.tpot_s,
+        ),
+        (
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            stats.iteration_tokens,
         ),
     ):
         out.append(f"# HELP {name} {help}")

@@ -207,6 +207,91 @@ def _int(value: Any) -> int | None:
     return out if out > 0 else None
 
 
+def _samples(run: Run, metric: str) -> pd.DataFrame:
+    sm = run.server_metrics
+    if sm.empty:
+        return sm
+    return sm[sm["metric"] == metric]
+
+
+def step_budget_seen(runs: Sequence[Run]) -> int | None:
+    """The engine's step token budget (``max_num_batched_tokens``) read off
+    ``vllm:iteration_tokens_total``: the upper edge of the highest bucket any step
+    of the runs fell in, when some request had more prompt tokens to compute
+    (prompt - cached) than that edge (its chunks then filled the budget, so the
+    budget is at most that edge and more than the one below: vLLM's budgets, 2,048
+    and 8,192 by default, are bucket edges). None: no such histogram, or no prompt
+    long enough to fill a step."""
+    import json
+
+    top = 0.0
+    longest = 0.0
+    for run in runs:
+        rows = _samples(run, "vllm:iteration_tokens_total_bucket")
+        if rows.empty:
+            continue
+        # The last scrape's counts: every step the server made (the same server
+        # before the run too, which has the same budget).
+        last = rows[rows["scrape_ns"] == rows["scrape_ns"].max()]
+        count: dict[float, float] = {}
+        for labels, value in zip(last["labels"], last["value"], strict=True):
+            le = str(json.loads(str(labels)).get("le", ""))
+            if le not in ("", "+Inf"):
+                count[float(le)] = count.get(float(le), 0.0) + float(value)
+        edges = sorted(count.items())
+        below = 0.0
+        for edge, cumulative in edges:
+            if cumulative > below:  # some step fell in (previous edge, edge]
+                top = max(top, edge)
+            below = cumulative
+        ok = run.requests[run.requests["status"] == "ok"]
+        computed = ok["prompt_tokens"].fillna(0) - ok["cached_tokens"].fillna(0)
+        longest = max(longest, float(computed.max()) if len(computed) else 0.0)
+    return int(top) if top >= 1 and longest > top else None
+
+
+def running_cap_seen(runs: Sequence[Run]) -> int | None:
+    """``max_num_seqs`` where the runs hit it: the most requests
+    ``vllm:num_requests_running`` showed at a scrape that also had requests
+    waiting while the KV cache had room (under 90 % used). None: the cap never
+    bound."""
+    import pandas as pd
+
+    found: int | None = None
+    for run in runs:
+        frames = [
+            _samples(run, name).groupby("scrape_ns")["value"].sum().rename(key)
+            for name, key in (
+                ("vllm:num_requests_running", "running"),
+                ("vllm:num_requests_waiting", "waiting"),
+                ("vllm:kv_cache_usage_perc", "usage"),
+            )
+        ]
+        if any(f.empty for f in frames):
+            continue
+        joined = pd.concat(frames, axis=1).dropna()
+        most = joined["running"].max()
+        bound = joined[
+            (joined["waiting"] > 0)
+            & (joined["usage"] < 0.9)
+            & (joined["running"] == most)
+        ]
+        if not bound.empty and most >= 1:
+            found = max(found or 0, int(most))
+    return found
+
+
+def _vllm_default_seqs(batched: int, cpu: bool) -> tuple[tuple[str, Any], ...]:
+    """vLLM's API-server default ``max_num_seqs`` for what the runs show of the
+    device: its CPU build (128, beside 2,048-token steps), a GPU of 70 GiB or more
+    (1,024, beside 8,192) or a smaller one (256, beside 2,048)."""
+    if cpu:
+        return (("vLLM's CPU-build default", 128),)
+    if batched == 8192:
+        return (("vLLM's default beside 8,192-token steps (a GPU of >= 70 GiB)", 1024),)
+    return (("vLLM's default", 256),)
+
+
 def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, str]:
     """The server's KV cache and limits: flags first, then its scraped metrics
     (``vllm:cache_config_info``), then the simulator's settings (runs against the
@@ -261,17 +346,23 @@ def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, 
             f"{runs[0].path}: the server's metrics do not say its KV size: "
             "pass --num-gpu-blocks"
         )
-    seqs = pick(
-        "max_num_seqs",
-        flags.max_num_seqs,
-        ("simulator settings", sim("max_num_seqs")),
-        ("vLLM's default", 256),
-    )
     batched = pick(
         "max_num_batched_tokens",
         flags.max_num_batched_tokens,
         ("simulator settings", sim("max_num_batched_tokens")),
+        (
+            "the largest engine step of vllm:iteration_tokens_total",
+            step_budget_seen(runs),
+        ),
         ("vLLM's default", 8192),
+    )
+    cpu = _int(metrics.get("cpu_kvcache_space_bytes")) is not None
+    seqs = pick(
+        "max_num_seqs",
+        flags.max_num_seqs,
+        ("simulator settings", sim("max_num_seqs")),
+        ("the plateau of vllm:num_requests_running", running_cap_seen(runs)),
+        *_vllm_default_seqs(batched, cpu),
     )
     first = runs[0].meta.config.replay
     longest = max(

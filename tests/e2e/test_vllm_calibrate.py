@@ -35,8 +35,10 @@ SETTINGS = (
     "--max-input-tokens", "3000", "--think-scale", "0.01", "--think-cap", "0.1",
     "--warmup", "2", "--duration", "30", "--loop",
 )  # fmt: skip
-# vLLM's CPU defaults for its API server (it exposes neither in /metrics).
-SERVER = ("--max-num-batched-tokens", "2048", "--max-num-seqs", "128")
+# vLLM's CPU defaults for its API server, which calibrate infers without flags: the
+# step budget from vllm:iteration_tokens_total, the running cap from the CPU build's
+# cache config (it never binds here).
+SERVER_LIMITS = {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
 PREEMPTIONS = "vllm:num_preemptions_total"
 
 
@@ -84,7 +86,7 @@ def test_vllm_calibration_predicts_held_out_levels(
     engine = tmp_path / "ENGINE.json"
     cmd = [
         sys.executable, "-m", "replayer", "calibrate",
-        *(str(runs[c][0]) for c in TRAIN), "-o", str(engine), *SERVER,
+        *(str(runs[c][0]) for c in TRAIN), "-o", str(engine),
         *(a for c in HOLDOUT for d in runs[c] for a in ("--holdout", str(d))),
     ]  # fmt: skip
     done = subprocess.run(
@@ -97,6 +99,13 @@ def test_vllm_calibration_predicts_held_out_levels(
     report("vllm-calibrate-table", lines=text.stdout.splitlines())
     assert doc["cache"]["kv_capacity_tokens"] == 12_800
     assert doc["cache"]["block_size"] == 32
+    report("vllm-calibrate-limits", sources=doc["cache_sources"])
+    assert (
+        "max_num_batched_tokens: the largest engine step of "
+        "vllm:iteration_tokens_total" in doc["cache_sources"]
+    )
+    for name, want in SERVER_LIMITS.items():
+        assert doc["cache"][name] == want, (name, doc["cache_sources"])
 
     # Asserted: the hit within the 3 points at both levels; P90 TTFT and E2E
     # within a guard (30% past the knee, 50% at the light level, or the spread where
