@@ -1,0 +1,116 @@
+"""Per-tier rows: a replay against the live simulator with a host tier records each
+request's GPU and host hits as the simulator counted them, in either dialect."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from analysis.load import load_run
+from replayer.cli import main
+from replayer.sim import SimConfig, make_app
+from replayer.sim.engine import Sequence
+from replayer.sim.server import SIM_KEY
+from tests.builders import weka_cut
+from tests.fakes import serve_app_in_thread
+
+# 12 KiB of GPU KV for 8 lanes of ~3,000-token prompts: prefixes are evicted to
+# the 48 KiB host tier and come back from it.
+CONFIG = {
+    "block_size": 16,
+    "kv_capacity_tokens": 12288,
+    "max_model_len": 4096,
+    "host_capacity_tokens": 49152,
+}
+
+
+@contextlib.contextmanager
+def sim_in_thread(config: SimConfig, seen: list[Sequence]) -> Iterator[str]:
+    """The simulator on 127.0.0.1 on a loop of its own thread; every sequence its
+    engine admits is appended to ``seen``. Yields the base URL."""
+    app = make_app(config)
+    engine = app[SIM_KEY].engine
+    submit = engine.submit
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seq = submit(*args, **kwargs)
+        seen.append(seq)
+        return seq
+
+    engine.submit = recording  # type: ignore[method-assign]
+    with serve_app_in_thread(app) as url:
+        yield url
+
+
+def replay(trace: Path, config: SimConfig, lanes: int, out: Path) -> list[Sequence]:
+    """``replayer run`` of ``trace`` at ``lanes`` against the simulator; the
+    sequences the simulator admitted."""
+    seen: list[Sequence] = []
+    with sim_in_thread(config, seen) as url:
+        result = CliRunner().invoke(
+            main,
+            [
+                "run", str(trace), "--endpoint", url, "--concurrency", str(lanes),
+                "--block-tokens", "2", "--max-input-tokens", "3000",
+                "--think-scale", "0", "--out", str(out), "--quiet",
+            ],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return seen
+
+
+@pytest.fixture(scope="module")
+def small_weka(weka_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return weka_cut(weka_dir, tmp_path_factory.mktemp("weka-tier"), 6)
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+def test_rows_carry_the_simulators_own_per_tier_counts(
+    small_weka: Path, tmp_path: Path, dialect: str
+) -> None:
+    config = SimConfig.fast(**CONFIG, host_dialect=dialect)
+    out = tmp_path / "run"
+    seen = replay(small_weka, config, 8, out)
+    rows = load_run(out).requests
+    ok = rows[rows["status"] == "ok"]
+    assert len(ok) == len(seen) > 50
+    got = Counter(
+        zip(
+            ok["server_prompt_tokens"],
+            ok["cached_tokens"],
+            ok["cached_gpu_tokens"],
+            ok["cached_host_tokens"],
+            strict=True,
+        )
+    )
+    want = Counter(
+        (
+            s.core.prompt_tokens,
+            s.core.cached_tokens,
+            s.core.cached_tokens - s.core.host_hit_tokens,
+            s.core.host_hit_tokens,
+        )
+        for s in seen
+    )
+    assert got == want
+    assert ok["cached_host_tokens"].sum() > 0  # the host tier did serve hits
+    assert (ok["cached_gpu_tokens"] + ok["cached_host_tokens"]).equals(
+        ok["cached_tokens"]
+    )
+
+
+def test_rows_without_a_host_tier_leave_the_split_null(
+    small_weka: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    replay(small_weka, SimConfig.fast(**{**CONFIG, "host_capacity_tokens": 0}), 2, out)
+    rows = load_run(out).requests
+    assert rows["cached_tokens"].notna().all()
+    assert pd.isna(rows["cached_gpu_tokens"]).all()
+    assert pd.isna(rows["cached_host_tokens"]).all()
