@@ -44,6 +44,7 @@ from analysis.results import (
     Validity,
     as_json,
 )
+from analysis import tiers
 from analysis.sessions import session_trees
 from analysis.steady import with_run_figures
 from analysis.validity import block_ideal_hit_rate, verdict
@@ -67,6 +68,7 @@ COLUMNS: tuple[str, ...] = tuple(
             "slot_wait_ns",
             "connect_ns",
             "live_drift_tokens",
+            *tiers.COLUMNS,  # per-tier hits (null in runs of servers that do not say)
         )
     )
 )
@@ -110,6 +112,8 @@ class Summary:
     client_check: RunClientCheck | None = None
     # The AgentX verdict (analysis.validity).
     validity: Validity | None = None
+    # Hits per tier (GPU, host); None when neither rows nor counters split them.
+    cache_tiers: tiers.TierRates | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (NaN left as NaN; ``cli.echo_json`` prints null)."""
@@ -142,6 +146,8 @@ class Summary:
         if self.goodput is not None:
             out["goodput"] = self.goodput.as_dict()
         out["client_check"] = as_json(self.client_check)
+        if self.cache_tiers is not None:
+            out["cache_tiers"] = self.cache_tiers.as_dict()
         if self.validity is not None:
             out.update(agentx_figures(self))
         return out
@@ -433,6 +439,9 @@ def summarize(
         "e2e_norm": lambda: m.e2e_norm_interactivity_tok_s(df),
         "lag": lambda: _lag(df),
         "counts": lambda: m.counts(df),
+        "tiers": lambda: tiers.tier_rates(
+            df, run.server_metrics, since_ns=run.meta.measure_start_ns, lru=lru
+        ),
     }
     for name in _RELEASING:
         parts[name] = _releasing(parts[name])
@@ -481,6 +490,7 @@ def summarize(
         gpus=gpus,
         client_check=done["client"],
         validity=dataclasses.replace(validity, block_ideal=done["block_ideal"]),
+        cache_tiers=done["tiers"],
     )
 
 
@@ -529,6 +539,7 @@ PART_BYTES = {
     "e2e_norm": 16,
     "lag": 10,
     "counts": 9,
+    "tiers": 48,  # nothing read when no row and no counter splits the hits
 }
 WORKING_BYTES = 72
 

@@ -128,6 +128,9 @@ ROWS: tuple[tuple[str, Getter, str], ...] = (
     ("cache hit: server", lambda s: s.cache_hit_rate.server, "pct"),
     ("cache hit: prometheus", lambda s: s.cache_hit_rate.prometheus, "pct"),
     ("cache hit: agent's provider (log)", lambda s: s.cache_hit_rate.provider, "pct"),
+    ("cache hit: GPU tier", lambda s: _tier(s, "gpu"), "pct"),
+    ("cache hit: host tier", lambda s: _tier(s, "host"), "pct"),
+    ("cache hit: tiers' overall", lambda s: _tier(s, "overall"), "pct"),
     ("cache hit: ideal (trace)", lambda s: s.cache_hit_rate.ideal, "pct"),
     (
         "cache hit: LRU estimate",
@@ -166,6 +169,11 @@ ROWS: tuple[tuple[str, Getter, str], ...] = (
     ("client: slot wait p99 (ms)", _check("slot_wait_ms", "p99"), "num"),
     ("server: connect p99 (ms)", _check("connect_ms", "p99"), "num"),
 )
+
+
+def _tier(s: Summary, name: str) -> float | None:
+    """A per-tier hit rate of the run (None: no split in its rows or counters)."""
+    return None if s.cache_tiers is None else getattr(s.cache_tiers, name)
 
 
 def client_notes(summaries: Sequence[Summary]) -> list[str]:
