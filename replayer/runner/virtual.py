@@ -53,6 +53,8 @@ def engine_model_of(config: SimConfig) -> EngineModel:
     """The engine model a simulator's settings amount to."""
     values = asdict(config)
     steps = {f.name: values[f.name] for f in fields(StepTerms)}
+    # The model's host term is the whole load: bytes over bandwidth folded in.
+    steps["host_hit_us_per_token"] = config.host_load_us_per_token
     cache = {f.name: values[f.name] for f in fields(CacheShape)}
     return EngineModel(
         steps=StepTerms(**steps),

@@ -1,22 +1,28 @@
 """Per-tier rows: a replay against the live simulator with a host tier records each
-request's GPU and host hits as the simulator counted them, in either dialect."""
+request's GPU and host hits as the simulator counted them, in either dialect; and
+calibrate's refusal of runs with and without them, and its unfitted host term."""
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
 from analysis.load import load_run
 from replayer.cli import main
+from replayer.records.engine_model import CacheShape
 from replayer.sim import SimConfig, make_app
 from replayer.sim.engine import Sequence
 from replayer.sim.server import SIM_KEY
+from replayer.studies.calibrate import TERMS, StepSamples, _host_fit, _unseen
 from tests.builders import weka_cut
 from tests.fakes import serve_app_in_thread
 
@@ -114,3 +120,50 @@ def test_rows_without_a_host_tier_leave_the_split_null(
     assert rows["cached_tokens"].notna().all()
     assert pd.isna(rows["cached_gpu_tokens"]).all()
     assert pd.isna(rows["cached_host_tokens"]).all()
+
+
+def test_calibrate_refuses_runs_with_and_without_per_tier_hits(
+    small_weka: Path, tmp_path: Path
+) -> None:
+    split = tmp_path / "split"
+    replay(small_weka, SimConfig.fast(**CONFIG), 2, split)
+    plain = tmp_path / "plain"
+    shutil.copytree(split, plain)
+    for part in (plain / "requests").glob("*.parquet"):
+        table = pq.read_table(part)
+        old = table.drop_columns(["cached_gpu_tokens", "cached_host_tokens"])
+        pq.write_table(old.replace_schema_metadata(table.schema.metadata), part)
+    out = tmp_path / "ENGINE.json"
+    result = CliRunner().invoke(
+        main, ["calibrate", str(split), str(plain), "-o", str(out)]
+    )
+    assert result.exit_code == 2, result.output
+    line = result.output.strip()
+    assert line.startswith("Error: runs with per-tier hits")
+    assert "\n" not in line
+    assert not out.exists()
+
+
+def test_without_per_tier_runs_the_host_term_stays_unfitted_and_is_said() -> None:
+    x = np.zeros((20, len(TERMS)))
+    x[:, 0] = 1000.0
+    x[:, 3] = np.arange(20) * 10.0
+    samples = StepSamples(x=x, y_us=x[:, 0] + 40 * x[:, 3])
+    shape = CacheShape(
+        block_size=16,
+        kv_capacity_tokens=12288,
+        host_capacity_tokens=0,
+        max_model_len=4096,
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+    )
+    terms = {name: 0.0 for name in TERMS}
+    host = _host_fit(samples, terms, shape, per_tier=False)
+    assert host.fitted is False
+    assert host.reason is not None
+    assert "do not say which hits came from the host tier" in host.reason
+    assert any("host_hit_us_per_token is not fitted" in n for n in _unseen(samples))
+    said = _host_fit(samples, terms, shape, per_tier=True)
+    assert said.fitted is False
+    assert said.reason is not None
+    assert "no step read loaded host hits" in said.reason
