@@ -25,6 +25,8 @@ VLLM_HOST_SOURCES = ("external_kv_transfer",)
 SGLANG_CACHED = "sglang:cached_tokens_total"
 SGLANG_PROMPT = "sglang:prompt_tokens_total"
 SGLANG_HOST_SOURCES = ("host", "storage")
+# vLLM's CPU offloading connector: bytes moved by direction (CPU_to_GPU: host loads).
+VLLM_OFFLOAD_BYTES = "vllm:kv_offload_total_bytes_total"
 # KV usage in [0, 1] of each tier; SGLang's host tier as used / total tokens.
 GPU_USAGE = ("vllm:kv_cache_usage_perc", "sglang:token_usage")
 HOST_USAGE = "vllm:kv_offload_cpu_cache_usage_perc"
@@ -124,7 +126,9 @@ def counter_tiers(server_metrics: pd.DataFrame, since_ns: int = 0) -> dict[str, 
     """GPU, host and overall hit rates from the server's per-tier counters, and the
     family they came from: vLLM's Δ``prompt_tokens_by_source`` (local cache hit,
     external KV transfer, over all sources) or SGLang's Δ``cached_tokens`` by
-    ``cache_source`` over Δ``prompt_tokens``. Empty when neither was scraped."""
+    ``cache_source`` over Δ``prompt_tokens``; with vLLM's offloading connector, the
+    bytes it loaded from the CPU (``host_load_bytes``). Empty when neither was
+    scraped."""
     by_source = labelled_deltas(server_metrics, VLLM_BY_SOURCE, "source", since_ns)
     if by_source:
         total = sum(by_source.values())
@@ -141,7 +145,14 @@ def counter_tiers(server_metrics: pd.DataFrame, since_ns: int = 0) -> dict[str, 
         host = sum(cached.get(s, 0.0) for s in SGLANG_HOST_SOURCES)
     if not total > 0:
         return {}
-    return {"gpu": gpu / total, "host": host / total, "overall": (gpu + host) / total}
+    out = {"gpu": gpu / total, "host": host / total, "overall": (gpu + host) / total}
+    moved = labelled_deltas(
+        server_metrics, VLLM_OFFLOAD_BYTES, "transfer_type", since_ns
+    )
+    loads = sum(v for k, v in moved.items() if k.lower() == "cpu_to_gpu")
+    if moved:
+        out["host_load_bytes"] = loads
+    return out
 
 
 def _gauge(server_metrics: pd.DataFrame, names: tuple[str, ...]) -> pd.Series:

@@ -181,6 +181,10 @@ def host_tier_families(
     if host.host_dialect == "sglang":
         name = "sglang:cached_tokens_total"
         return [
+            "# HELP sglang:prompt_tokens_total Number of prefill tokens processed.",
+            "# TYPE sglang:prompt_tokens_total counter",
+            f"sglang:prompt_tokens_total{{{label}}} "
+            f"{float(stats.prefix_cache_queries_tokens)}",
             f"# HELP {name} Number of cached prompt tokens.",
             f"# TYPE {name} counter",
             f'{name}{{{label},cache_source="device"}} {float(hits - host_hits)}',

@@ -37,7 +37,7 @@ vllm:prompt_tokens_by_source_total{{engine="0",model_name="m",source="external_k
 vllm:prompt_tokens_by_source_created{{engine="0",model_name="m",source="local_compute"}} 1.7e+09
 # HELP vllm:kv_offload_total_bytes_total Number of bytes offloaded by KV connector
 # TYPE vllm:kv_offload_total_bytes_total counter
-vllm:kv_offload_total_bytes_total{{engine="0",model_name="m",transfer_type="CPU_to_GPU"}} 1.0e+09
+vllm:kv_offload_total_bytes_total{{engine="0",model_name="m",transfer_type="CPU_to_GPU"}} {loaded}
 vllm:kv_offload_total_bytes_total{{engine="0",model_name="m",transfer_type="GPU_to_CPU"}} 2.0e+09
 # HELP vllm:kv_offload_cpu_cache_usage_perc CPU KV cache usage.
 # TYPE vllm:kv_offload_cpu_cache_usage_perc gauge
@@ -79,13 +79,15 @@ def _scrapes(*bodies: tuple[int, str]) -> pd.DataFrame:
 
 def test_vllm_prompt_tokens_by_source_give_each_tier() -> None:
     sm = _scrapes(
-        (0, VLLM.format(compute=100, local=0, external=0, usage=0.1, host_usage=0)),
+        (0, VLLM.format(compute=100, local=0, external=0, usage=0.1, host_usage=0,
+                        loaded=0)),
         (10**9, VLLM.format(compute=400, local=400, external=200, usage=0.9,
-                            host_usage=0.5)),  # fmt: skip
-    )
+                            host_usage=0.5, loaded=2.6e7)),
+    )  # fmt: skip
     assert counter_tiers(sm) == pytest.approx(
-        {"gpu": 400 / 900, "host": 200 / 900, "overall": 600 / 900}
-    )
+        {"gpu": 400 / 900, "host": 200 / 900, "overall": 600 / 900,
+         "host_load_bytes": 2.6e7}  # CPU_to_GPU only, not the stores
+    )  # fmt: skip
     gpu, host = usage_gauges(sm)
     assert gpu.tolist() == [0.1, 0.9]
     assert host.tolist() == [0.0, 0.5]

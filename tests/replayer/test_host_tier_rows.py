@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from analysis.load import load_run
+from analysis.summary import summarize
 from replayer.cli import main
 from replayer.records.engine_model import CacheShape
 from replayer.sim import SimConfig, make_app
@@ -109,6 +110,14 @@ def test_rows_carry_the_simulators_own_per_tier_counts(
     assert (ok["cached_gpu_tokens"] + ok["cached_host_tokens"]).equals(
         ok["cached_tokens"]
     )
+    # analyze: the rows' split, and the scraped per-tier counters beside it.
+    tiers = summarize(load_run(out)).cache_tiers
+    assert tiers is not None
+    assert tiers.source == "rows"
+    prompt = ok["server_prompt_tokens"].sum()
+    assert tiers.host == pytest.approx(ok["cached_host_tokens"].sum() / prompt)
+    assert tiers.counters["host"] == pytest.approx(tiers.host, abs=0.02)
+    assert tiers.counters["gpu"] == pytest.approx(tiers.gpu, abs=0.02)
 
 
 def test_rows_without_a_host_tier_leave_the_split_null(

@@ -31,7 +31,9 @@ def small_weka(weka_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return weka_cut(weka_dir, tmp_path_factory.mktemp("weka-whatif"), 6)
 
 
-def test_capacity_with_and_without_a_host_tier(small_weka: Path, tmp_path: Path) -> None:
+def test_capacity_with_and_without_a_host_tier(
+    small_weka: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "cap"
     result = CliRunner().invoke(
         main,

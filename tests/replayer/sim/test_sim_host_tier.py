@@ -60,6 +60,7 @@ async def test_sglang_dialect_splits_usage_and_counts_by_cache_source(
     assert usage_tiers(usage) == (20, 20)
     assert m["sglang:cached_tokens_total[cache_source=device]"] == 20
     assert m["sglang:cached_tokens_total[cache_source=host]"] == 20
+    assert m["sglang:prompt_tokens_total"] == 3 * 42
     assert m["sglang:hicache_host_total_tokens"] == 64
     assert 0 < m["sglang:hicache_host_used_tokens"] <= 64
     assert not any(k.startswith("vllm:prompt_tokens_by_source") for k in m)
