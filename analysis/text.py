@@ -291,6 +291,45 @@ def format_positions(summary: Summary) -> str:
     return "\n\n".join(parts)
 
 
+# Session trees listed under `analyze`'s per-tier table, the most requests first.
+TIER_TREES_LISTED = 10
+
+
+def format_tiers(summary: Summary) -> str:
+    """One run's hits per tier over time (its send times in equal intervals) and
+    per session tree (the ones with the most requests)."""
+    t = summary.cache_tiers
+    if t is None:
+        return ""
+    parts = []
+    if t.over_time is not None and not t.over_time.empty:
+        header = ["sent (s)", "requests", "GPU hit", "host hit", "overall",
+                  "ideal", "GPU KV", "host KV"]  # fmt: skip
+        body = [
+            [f"{r.start_s:,.1f}-{r.end_s:,.1f}", fmt_value(r.requests, "int"),
+             *(fmt_value(getattr(r, c), "pct") for c in
+               ("gpu", "host", "overall", "ideal", "gpu_kv_usage", "host_kv_usage"))]
+            for r in t.over_time.itertuples()
+        ]  # fmt: skip
+        parts.append(f"hits per tier over time ({t.source})\n" + _grid(header, body))
+    if t.by_tree is not None and not t.by_tree.empty:
+        trees = t.by_tree.sort_values("requests", ascending=False)
+        header = ["session tree", "requests", "GPU hit", "host hit", "overall",
+                  "ideal"]  # fmt: skip
+        body = [
+            [str(r.root_session_id), fmt_value(r.requests, "int"),
+             *(fmt_value(getattr(r, c), "pct")
+               for c in ("gpu", "host", "overall", "ideal"))]
+            for r in trees.head(TIER_TREES_LISTED).itertuples()
+        ]  # fmt: skip
+        shown = min(len(trees), TIER_TREES_LISTED)
+        parts.append(
+            f"hits per tier by session tree ({shown} of {len(trees)}, the most "
+            "requests first)\n" + _grid(header, body)
+        )
+    return "\n\n".join(parts)
+
+
 def format_sweep(table: pd.DataFrame) -> str:
     """The per-level sweep table with the Pareto front marked."""
     unit = "output tok/s/GPU" if bool(table["per_gpu"].all()) else "output tok/s"

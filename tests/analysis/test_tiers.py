@@ -214,3 +214,15 @@ def test_report_shows_the_tiers_of_runs_that_split_them(
     assert "KV cache per tier: GPU and host" in page
     assert "Hits per tier over time" not in page  # a figure: a PNG, not text
     assert page.count("per session tree") == 1  # the run with the split only
+
+
+def test_analyze_text_gives_the_tiers_per_run_over_time_and_per_tree(
+    tmp_path: Path, rec, make_run_dir
+) -> None:
+    run = make_run_dir(tmp_path / "r", _tier_records(rec, split=True))
+    result = CliRunner().invoke(main, ["analyze", str(run)])
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "cache hit: host tier" in text
+    assert "hits per tier over time (rows)" in text
+    assert "hits per tier by session tree (2 of 2" in text
