@@ -5,6 +5,7 @@ calibrate's refusal of runs with and without them, and its unfitted host term.""
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 from collections import Counter
 from collections.abc import Iterator
@@ -19,7 +20,13 @@ from click.testing import CliRunner
 from analysis.load import load_run
 from analysis.summary import summarize
 from replayer.cli import main
-from replayer.records.engine_model import CacheShape
+from replayer.records.engine_model import (
+    CacheShape,
+    EngineModel,
+    FitReport,
+    HostFit,
+    StepTerms,
+)
 from replayer.sim import SimConfig, make_app
 from replayer.sim.engine import Sequence
 from replayer.sim.server import SIM_KEY
@@ -176,3 +183,37 @@ def test_without_per_tier_runs_the_host_term_stays_unfitted_and_is_said() -> Non
     assert said.fitted is False
     assert said.reason is not None
     assert "no step read loaded host hits" in said.reason
+
+
+def test_engine_json_keeps_the_host_fit_and_old_files_read_as_before() -> None:
+    shape = CacheShape(
+        block_size=16,
+        kv_capacity_tokens=12288,
+        host_capacity_tokens=36864,
+        max_model_len=4096,
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+    )
+    host = HostFit(
+        capacity_tokens=36864,
+        cost_model="c",
+        fitted=True,
+        steps_with_host_hits=3,
+        median_rel_residual=0.01,
+    )
+    steps = StepTerms(
+        prefill_us_per_token=40.0,
+        host_hit_us_per_token=20.0,
+        decode_base_ms=6.0,
+        decode_per_seq_ms=1.5,
+        decode_us_per_context_token=0.5,
+    )
+    model = EngineModel(
+        steps=steps, cache=shape, fit=FitReport(method="m", host=host)
+    )
+    doc = model.as_dict()
+    assert doc["fit"]["host"]["fitted"] is True
+    assert EngineModel.from_dict(json.loads(json.dumps(doc))) == model
+    old = EngineModel(steps=steps, cache=shape, fit=FitReport(method="m"))
+    assert "host" not in old.as_dict()["fit"]
+    assert EngineModel.from_dict(old.as_dict()) == old
