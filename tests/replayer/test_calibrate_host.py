@@ -14,15 +14,10 @@ from click.testing import CliRunner, Result
 
 from replayer.cli import main
 from tests.builders import weka_cut
+from tests.replayer.test_calibrate import TRUTH
 
-STEPS = {
-    "decode_base_ms": 6.0,
-    "decode_per_seq_ms": 1.5,
-    "decode_us_per_context_token": 0.5,
-    "prefill_us_per_token": 40.0,
-    "gpu_hit_us_per_token": 4.0,
-    "request_overhead_us": 5000.0,
-}
+# The step terms of the GPU-only hidden truth.
+STEPS = TRUTH
 # The hidden truth of the host tier: KV bytes a token (a 7-8B model's 64-160 KiB)
 # over a host-to-device bandwidth of 6-12 GB/s, drawn from a seed the fit never
 # sees; the fit reads the rows only.

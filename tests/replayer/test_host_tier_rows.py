@@ -160,19 +160,23 @@ def test_calibrate_refuses_runs_with_and_without_per_tier_hits(
     assert not out.exists()
 
 
+def _shape(host_tokens: int) -> CacheShape:
+    return CacheShape(
+        block_size=16,
+        kv_capacity_tokens=12288,
+        host_capacity_tokens=host_tokens,
+        max_model_len=4096,
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+    )
+
+
 def test_without_per_tier_runs_the_host_term_stays_unfitted_and_is_said() -> None:
     x = np.zeros((20, len(TERMS)))
     x[:, 0] = 1000.0
     x[:, 3] = np.arange(20) * 10.0
     samples = StepSamples(x=x, y_us=x[:, 0] + 40 * x[:, 3])
-    shape = CacheShape(
-        block_size=16,
-        kv_capacity_tokens=12288,
-        host_capacity_tokens=0,
-        max_model_len=4096,
-        max_num_seqs=8,
-        max_num_batched_tokens=2048,
-    )
+    shape = _shape(0)
     terms = {name: 0.0 for name in TERMS}
     host = _host_fit(samples, terms, shape, per_tier=False)
     assert host.fitted is False
@@ -186,14 +190,7 @@ def test_without_per_tier_runs_the_host_term_stays_unfitted_and_is_said() -> Non
 
 
 def test_engine_json_keeps_the_host_fit_and_old_files_read_as_before() -> None:
-    shape = CacheShape(
-        block_size=16,
-        kv_capacity_tokens=12288,
-        host_capacity_tokens=36864,
-        max_model_len=4096,
-        max_num_seqs=8,
-        max_num_batched_tokens=2048,
-    )
+    shape = _shape(36864)
     host = HostFit(
         capacity_tokens=36864,
         cost_model="c",
