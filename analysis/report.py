@@ -317,6 +317,82 @@ def timeline_figure(run: Run) -> Any:
     return fig
 
 
+# Session trees listed per run in the per-tier table, the most requests first.
+TIER_TREES_SHOWN = 30
+
+
+def tier_sections(summaries: Sequence[Summary]) -> list[str]:
+    """GPU, host and overall hit per run beside the ideal and LRU, per session tree
+    and over time, for the runs whose rows or counters split the hits by tier."""
+    split = [s for s in summaries if s.cache_tiers is not None]
+    if not split:
+        return []
+    parts = ["<h2>KV cache per tier: GPU and host</h2>"]
+    parts.append(
+        _table(
+            ["run", "from", "GPU hit", "host hit", "overall", "ideal", "LRU"],
+            [
+                [s.run.name, t.source, fmt_value(t.gpu, "pct"),
+                 fmt_value(t.host, "pct"), fmt_value(t.overall, "pct"),
+                 fmt_value(t.ideal, "pct"),
+                 fmt_value(s.cache_hit_rate.lru.hit_rate
+                           if s.cache_hit_rate.lru is not None else None, "pct")]
+                for s in split
+                if (t := s.cache_tiers) is not None
+            ],
+        )
+    )  # fmt: skip
+    for s in split:
+        t = s.cache_tiers
+        assert t is not None
+        if t.over_time is not None and not t.over_time.empty:
+            parts.append(_png(tier_time_figure(s.run.name, t.over_time)))
+        if t.by_tree is not None and not t.by_tree.empty:
+            trees = t.by_tree.sort_values("requests", ascending=False)
+            parts.append(
+                f"<p class='note'>{html.escape(s.run.name)}: per session tree "
+                f"({min(len(trees), TIER_TREES_SHOWN)} of {len(trees)}, the most "
+                "requests first)</p>"
+            )
+            parts.append(
+                _table(
+                    ["tree", "requests", "GPU hit", "host hit", "overall", "ideal"],
+                    [
+                        [str(r.root_session_id), fmt_value(r.requests, "int"),
+                         fmt_value(r.gpu, "pct"), fmt_value(r.host, "pct"),
+                         fmt_value(r.overall, "pct"), fmt_value(r.ideal, "pct")]
+                        for r in trees.head(TIER_TREES_SHOWN).itertuples()
+                    ],
+                )
+            )  # fmt: skip
+    return parts
+
+
+def tier_time_figure(name: str, over_time: pd.DataFrame) -> Any:
+    """Each interval's GPU, host, overall and ideal hit rates and both tiers' KV
+    usage, against the interval's middle."""
+    fig, (ax,) = _figure(rows=1, height=2.6)
+    mid = (over_time["start_s"] + over_time["end_s"]) / 2
+    for col, label, style in (
+        ("gpu", "GPU hit", "-"),
+        ("host", "host hit", "-"),
+        ("overall", "overall hit", "-"),
+        ("ideal", "ideal hit", ":"),
+        ("gpu_kv_usage", "GPU KV usage", "--"),
+        ("host_kv_usage", "host KV usage", "--"),
+    ):
+        values = over_time[col].to_numpy(dtype=float)
+        if np.isfinite(values).any():
+            ax.plot(mid, values, style, label=label)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("fraction")
+    ax.set_xlabel("run time (s)")
+    ax.set_title(f"Hits per tier over time: {name}")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    return fig
+
+
 def hit_plot(summaries: Sequence[Summary]) -> str:
     """Ideal vs achieved prefix-cache hit rate per run (server, Prometheus, LRU):
     only the kinds some run has, each bar labelled with its value, and an axis
@@ -573,6 +649,7 @@ def _run_sections(
         )
     parts.append("<h2>KV cache: ideal vs achieved</h2>")
     parts.append(hit_plot(summaries))
+    parts.extend(tier_sections(summaries))
     parts.append("<h2>By turn and subagent depth</h2>")
     for s in summaries:
         parts.append(position_plot(s))

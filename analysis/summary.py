@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analysis import metrics as m
-from analysis import steady
+from analysis import steady, tiers
 from analysis.cache import lru_cached_tokens, miss_impact, request_cache
 from analysis.depth import by_turn_and_depth
 from analysis.errors import AnalysisError
@@ -67,6 +67,7 @@ COLUMNS: tuple[str, ...] = tuple(
             "slot_wait_ns",
             "connect_ns",
             "live_drift_tokens",
+            *tiers.COLUMNS,  # per-tier hits (null in runs of servers that do not say)
         )
     )
 )
@@ -110,6 +111,8 @@ class Summary:
     client_check: RunClientCheck | None = None
     # The AgentX verdict (analysis.validity).
     validity: Validity | None = None
+    # Hits per tier (GPU, host); None when neither rows nor counters split them.
+    cache_tiers: tiers.TierRates | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (NaN left as NaN; ``cli.echo_json`` prints null)."""
@@ -142,6 +145,8 @@ class Summary:
         if self.goodput is not None:
             out["goodput"] = self.goodput.as_dict()
         out["client_check"] = as_json(self.client_check)
+        if self.cache_tiers is not None:
+            out["cache_tiers"] = self.cache_tiers.as_dict()
         if self.validity is not None:
             out.update(agentx_figures(self))
         return out
@@ -449,6 +454,9 @@ def summarize(
         "e2e_norm": lambda: m.e2e_norm_interactivity_tok_s(df),
         "lag": lambda: _lag(df),
         "counts": lambda: m.counts(df),
+        "tiers": lambda: tiers.tier_rates(
+            df, run.server_metrics, since_ns=run.meta.measure_start_ns, lru=lru
+        ),
     }
     for name in _RELEASING:
         parts[name] = _releasing(parts[name])
@@ -497,6 +505,7 @@ def summarize(
         gpus=gpus,
         client_check=done["client"],
         validity=dataclasses.replace(validity, block_ideal=done["block_ideal"]),
+        cache_tiers=done["tiers"],
     )
 
 
@@ -545,6 +554,7 @@ PART_BYTES = {
     "e2e_norm": 16,
     "lag": 10,
     "counts": 9,
+    "tiers": 48,  # nothing read when no row and no counter splits the hits
 }
 WORKING_BYTES = 72
 

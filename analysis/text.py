@@ -129,6 +129,9 @@ ROWS: tuple[tuple[str, Getter, str], ...] = (
     ("cache hit: server", lambda s: s.cache_hit_rate.server, "pct"),
     ("cache hit: prometheus", lambda s: s.cache_hit_rate.prometheus, "pct"),
     ("cache hit: agent's provider (log)", lambda s: s.cache_hit_rate.provider, "pct"),
+    ("cache hit: GPU tier", lambda s: _tier(s, "gpu"), "pct"),
+    ("cache hit: host tier", lambda s: _tier(s, "host"), "pct"),
+    ("cache hit: tiers' overall", lambda s: _tier(s, "overall"), "pct"),
     ("cache hit: ideal (trace)", lambda s: s.cache_hit_rate.ideal, "pct"),
     (
         "cache hit: LRU estimate",
@@ -167,6 +170,11 @@ ROWS: tuple[tuple[str, Getter, str], ...] = (
     ("client: slot wait p99 (ms)", _check("slot_wait_ms", "p99"), "num"),
     ("server: connect p99 (ms)", _check("connect_ms", "p99"), "num"),
 )
+
+
+def _tier(s: Summary, name: str) -> float | None:
+    """A per-tier hit rate of the run (None: no split in its rows or counters)."""
+    return None if s.cache_tiers is None else getattr(s.cache_tiers, name)
 
 
 def client_notes(summaries: Sequence[Summary]) -> list[str]:
@@ -287,6 +295,45 @@ def format_positions(summary: Summary) -> str:
             for r in rows
         ]
         parts.append(_grid(header, body))
+    return "\n\n".join(parts)
+
+
+# Session trees listed under `analyze`'s per-tier table, the most requests first.
+TIER_TREES_LISTED = 10
+
+
+def format_tiers(summary: Summary) -> str:
+    """One run's hits per tier over time (its send times in equal intervals) and
+    per session tree (the ones with the most requests)."""
+    t = summary.cache_tiers
+    if t is None:
+        return ""
+    parts = []
+    if t.over_time is not None and not t.over_time.empty:
+        header = ["sent (s)", "requests", "GPU hit", "host hit", "overall",
+                  "ideal", "GPU KV", "host KV"]  # fmt: skip
+        body = [
+            [f"{r.start_s:,.1f}-{r.end_s:,.1f}", fmt_value(r.requests, "int"),
+             *(fmt_value(getattr(r, c), "pct") for c in
+               ("gpu", "host", "overall", "ideal", "gpu_kv_usage", "host_kv_usage"))]
+            for r in t.over_time.itertuples()
+        ]  # fmt: skip
+        parts.append(f"hits per tier over time ({t.source})\n" + _grid(header, body))
+    if t.by_tree is not None and not t.by_tree.empty:
+        trees = t.by_tree.sort_values("requests", ascending=False)
+        header = ["session tree", "requests", "GPU hit", "host hit", "overall",
+                  "ideal"]  # fmt: skip
+        body = [
+            [str(r.root_session_id), fmt_value(r.requests, "int"),
+             *(fmt_value(getattr(r, c), "pct")
+               for c in ("gpu", "host", "overall", "ideal"))]
+            for r in trees.head(TIER_TREES_LISTED).itertuples()
+        ]  # fmt: skip
+        shown = min(len(trees), TIER_TREES_LISTED)
+        parts.append(
+            f"hits per tier by session tree ({shown} of {len(trees)}, the most "
+            "requests first)\n" + _grid(header, body)
+        )
     return "\n\n".join(parts)
 
 

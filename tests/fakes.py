@@ -212,11 +212,19 @@ def make_fake_llm_app(fake: FakeLLM) -> web.Application:
 def serve_in_thread(fake: FakeLLM) -> Iterator[str]:
     """``fake``'s server on 127.0.0.1 (a free port) on a loop of its own thread, for
     tests that run the real CLI (which runs its own loop); yields its base URL."""
+    with serve_app_in_thread(make_fake_llm_app(fake)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_app_in_thread(app: web.Application) -> Iterator[str]:
+    """``app`` on 127.0.0.1 (a free port) on a loop of its own thread; yields its
+    base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = int(sock.getsockname()[1])
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(make_fake_llm_app(fake))
+    runner = web.AppRunner(app)
 
     async def start() -> None:
         await runner.setup()

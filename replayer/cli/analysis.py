@@ -175,7 +175,12 @@ def analyze(
     hold_freed_memory()
     from analysis.load import load_capacity
     from analysis.sweep import sweep_table
-    from analysis.text import format_positions, format_summaries, format_sweep
+    from analysis.text import (
+        format_positions,
+        format_summaries,
+        format_sweep,
+        format_tiers,
+    )
     from replayer.cli.output import echo_json
 
     with errors_as_messages():
@@ -222,6 +227,8 @@ def analyze(
     click.echo(format_summaries(summaries))
     if len(summaries) == 1 and not sweeps:
         click.echo("\n" + format_positions(summaries[0]))
+        if summaries[0].cache_tiers is not None:
+            click.echo("\n" + format_tiers(summaries[0]))
     for (p, table), cap in zip(tables, capacities, strict=True):
         click.echo(f"\nsweep {p} (* = on the Pareto front)")
         click.echo(format_sweep(table))

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 _FIGURE_NAMES = {
     "output_tok_s": "output tok/s",
     "hit_rate": "server hit",
+    "gpu_hit_rate": "GPU hit",
+    "host_hit_rate": "host hit",
 }
 
 
@@ -34,7 +36,7 @@ def _figure_name(name: str) -> str:
 def _value(name: str, v: float) -> str:
     if not math.isfinite(v):
         return "-"
-    if name == "hit_rate":
+    if name.endswith("hit_rate"):
         return f"{v:.1%}"
     if name == "output_tok_s":
         return f"{v:,.1f}"
@@ -102,6 +104,7 @@ def format_calibration(cal: Calibration, out: Path) -> str:
         f"{steps.request_overhead_us:,.0f} µs",
         f"  cache: {cal.model.cache.kv_capacity_tokens:,} KV tokens in blocks of "
         f"{cal.model.cache.block_size} ({cal.shape_sources})",
+        _host_line(cal),
         "  fitted runs replayed, RMS error: "
         + ", ".join(
             f"{_figure_name(k)} {v:.1%}"
@@ -110,6 +113,20 @@ def format_calibration(cal: Calibration, out: Path) -> str:
         ),
     ]
     return "\n".join(lines)
+
+
+def _host_line(cal: Calibration) -> str:
+    host = cal.model.fit.host if cal.model.fit is not None else None
+    size = cal.model.cache.host_capacity_tokens
+    tier = f"host tier {size:,} tokens" if size else "no host tier"
+    if host is not None and host.fitted:
+        return (
+            f"  {tier}: load {cal.model.steps.host_hit_us_per_token:.3f} µs/token, "
+            f"fitted on {host.steps_with_host_hits:,} steps that loaded host hits "
+            f"(median residual {host.median_rel_residual or 0:.1%})"
+        )
+    reason = "no host fit" if host is None else host.reason
+    return f"  {tier}: load cost not fitted ({reason})"
 
 
 @click.command()
@@ -154,6 +171,12 @@ def format_calibration(cal: Calibration, out: Path) -> str:
     "--max-model-len",
     type=count(1),
     help="The server's longest request (default: the longest in the runs).",
+)
+@click.option(
+    "--host-capacity-tokens",
+    type=count(1),
+    help="The server's host tier (CPU KV) in tokens (default: SGLang's "
+    "sglang:hicache_host_total_tokens, or the simulator's setting; else none).",
 )
 @click.option(
     "--policy",

@@ -222,6 +222,13 @@ def format_capacity(doc: CapacityDoc) -> str:
     "--endpoint, or the built-in simulator with --virtual sim) and print predicted "
     "beside measured.",
 )
+@click.option(
+    "--host-tier",
+    "host_tier",
+    metavar="SIZE[,SIZE...]",
+    help="With --virtual: search without a host tier and with each size (tokens; "
+    "64K = 65,536) and compare the answers and each tier's hit.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print capacity.json's content.")
 @replay_options()
 def capacity(
@@ -238,6 +245,7 @@ def capacity(
     reset_cache: bool,
     no_widen: bool,
     confirm: bool,
+    host_tier: str | None,
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -283,6 +291,10 @@ def capacity(
         def said(cell: CapacityCell) -> None:
             click.echo(_cell_line(cell, percentile), err=True)
 
+        if host_tier is not None:
+            _host_tiers(trace_path, config, search, out, host_tier, confirm, as_json,
+                        None if opts["quiet"] else sys.stderr, said)  # fmt: skip
+            return
         try:
             doc = run_capacity(
                 trace_path,
@@ -322,6 +334,49 @@ def capacity(
         click.echo(format_capacity(doc))
         if doc.confirm is not None:
             click.echo(format_confirm(doc.confirm, doc.search.percentile))
+
+
+def _host_tiers(
+    trace_path: Path,
+    config: Any,
+    search: Any,
+    out: Path,
+    sizes: str,
+    confirm: bool,
+    as_json: bool,
+    progress: Any,
+    said: Any,
+) -> None:
+    """`--host-tier`: the search without a host tier and with each size."""
+    from replayer.cli.output import echo_json
+    from replayer.errors import ConfigError
+    from replayer.studies.hosttier import (
+        format_host_tiers,
+        parse_host_sizes,
+        run_host_tiers,
+    )
+
+    parsed = parse_host_sizes(sizes)
+    if confirm:
+        raise ConfigError("--host-tier compares virtual answers: drop --confirm")
+    try:
+        answers, docs = run_host_tiers(
+            trace_path, config, search, out, parsed, progress=progress, on_cell=said
+        )
+    except KeyboardInterrupt:
+        interrupted(out)
+    if as_json:
+        echo_json(
+            {
+                "host_tiers": [
+                    {**a.as_dict(), "capacity": d.as_dict()}
+                    for a, d in zip(answers, docs, strict=True)
+                ]
+            }
+        )
+        return
+    what = "session rate" if search.rate else "concurrency"
+    click.echo(format_host_tiers(answers, what))
 
 
 def _confirm_endpoint(confirm: bool, opts: dict[str, Any]) -> str | None:

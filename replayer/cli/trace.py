@@ -430,6 +430,10 @@ def trace_cache_curve_cmd(
             entry["engine_hit_rate"] = point.hit_rate
             entry["engine_preemptions"] = point.preemptions
             entry["engine_refused"] = point.refused
+            if point.host_hit_rate is not None and point.hit_rate is not None:
+                # The engine's host tier: its hit beside the GPU's (they sum).
+                entry["engine_gpu_hit_rate"] = point.hit_rate - point.host_hit_rate
+                entry["engine_host_hit_rate"] = point.host_hit_rate
     elif sim_args:
         raise click.UsageError("--sim-args override --engine's model: add --engine")
     if as_json:
@@ -503,6 +507,7 @@ def format_curve(d: dict[str, Any], path: Path) -> str:
     cap = d["max_inflight"]
     inflight = d["inflight_tokens"]
     engine = d.get("engine")
+    tiers = any("engine_host_hit_rate" in b for b in d["budgets"])
     lines = [
         f"trace        {path}  ({d['requests']:,} requests, concurrency "
         f"{d['concurrency']}"
@@ -517,7 +522,8 @@ def format_curve(d: dict[str, Any], path: Path) -> str:
         f"{'KV tokens':>14}"
         + (f"{'GiB':>10}" if with_gib else "")
         + f"{'LRU':>9}{'Belady':>9}{'ceiling':>9}"
-        + (f"{'engine':>9} " if engine else ""),
+        + (f"{'engine':>9} " if engine else "")
+        + (f"{'GPU':>8}{'host':>8}" if tiers else ""),
     ]
     for b in d["budgets"]:
         gib = f"{b['gib']:>10.2f}" if with_gib else ""
@@ -526,6 +532,12 @@ def format_curve(d: dict[str, Any], path: Path) -> str:
             f"{b['tokens']:>14,}{gib}{_pct(b['lru_hit_rate']):>9}"
             f"{_pct(b['belady_hit_rate']):>9}{_pct(ceiling):>9}"
             + (_engine_cell(hit, b.get("engine_refused", 0)) if engine else "")
+            + (
+                f"{_pct(b.get('engine_gpu_hit_rate')):>8}"
+                f"{_pct(b.get('engine_host_hit_rate')):>8}"
+                if tiers
+                else ""
+            )
             + ("  *" if b["below_inflight"] else "")
         )
     knee = d["knee"]
@@ -535,6 +547,11 @@ def format_curve(d: dict[str, Any], path: Path) -> str:
             f"engine       {engine['source']}: the engine model's hit, replayed at "
             "this concurrency in virtual time (running requests pin their blocks)"
         )
+        if tiers:
+            lines.append(
+                "GPU, host    of the engine hit, those found on the GPU and those "
+                "loaded from its host tier"
+            )
         if any(b.get("engine_refused") for b in d["budgets"]):
             lines.append(
                 "†            requests longer than that KV refused (HTTP 400, as the "

@@ -18,7 +18,7 @@ import orjson
 from replayer.clock import Clock
 from replayer.config import EndpointConfig, public_url, redact_urls
 from replayer.errors import EndpointError
-from replayer.play.sse import EventFramer, usage_counts
+from replayer.play.sse import EventFramer, usage_counts, usage_tiers
 from replayer.records import RequestStatus
 
 # error_type of an ok row whose server ignored "stream": true.
@@ -46,6 +46,8 @@ class Outcome:
     server_prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    cached_gpu_tokens: int | None = None  # of cached_tokens, by tier (None: not said)
+    cached_host_tokens: int | None = None
     status: RequestStatus = "ok"
     http_status: int | None = None
     error_type: str | None = None
@@ -363,6 +365,9 @@ class Client:
                     out.server_prompt_tokens = prompt
                     out.completion_tokens = completion
                     out.cached_tokens = cached
+                    out.cached_gpu_tokens, out.cached_host_tokens = usage_tiers(
+                        event.usage
+                    )
                 if event.finish_reason is not None:
                     out.finish_reason = event.finish_reason
         if not done:
@@ -396,6 +401,9 @@ class Client:
             out.server_prompt_tokens = prompt
             out.completion_tokens = completion
             out.cached_tokens = cached
+            out.cached_gpu_tokens, out.cached_host_tokens = usage_tiers(
+                obj.get("usage")
+            )
 
 
 @dataclass(slots=True)

@@ -588,6 +588,8 @@ def _fill(ctx: RunContext, rec: RequestRecord, out: Outcome) -> None:
     rec.connect_ns = out.connect_ns
     rec.server_prompt_tokens = out.server_prompt_tokens
     rec.cached_tokens = out.cached_tokens
+    rec.cached_gpu_tokens = out.cached_gpu_tokens
+    rec.cached_host_tokens = out.cached_host_tokens
     rec.chunk_times_ns = out.chunk_times_ns
     received = out.status in ("ok", "cancelled")  # chunks count as tokens then
     rec.output_tokens = (

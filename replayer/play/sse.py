@@ -146,6 +146,33 @@ def usage_counts(
     )
 
 
+def usage_tiers(usage: dict[str, Any] | None) -> tuple[int | None, int | None]:
+    """(GPU, host) hits of ``cached_tokens`` where the usage splits them: vLLM's
+    ``prompt_tokens_details.local_cached_tokens`` / ``external_cached_tokens``
+    (vllm#52199; a KV connector's, e.g. CPU offloading, are external) or SGLang's
+    ``cached_tokens_details`` ``device`` / ``host`` (in the details or beside
+    them). (None, None) when it does not."""
+    if not usage:
+        return None, None
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        local = _int_or_none(details.get("local_cached_tokens"))
+        external = _int_or_none(details.get("external_cached_tokens"))
+        if local is not None or external is not None:
+            return local or 0, external or 0
+    split = details.get("cached_tokens_details") if isinstance(details, dict) else None
+    if not isinstance(split, dict):
+        split = usage.get("cached_tokens_details")
+    if isinstance(split, dict):
+        device = _int_or_none(split.get("device"))
+        host = _int_or_none(split.get("host"))
+        if device is not None or host is not None:
+            # SGLang's third tier (storage) is off the GPU too: counted as host.
+            storage = _int_or_none(split.get("storage")) or 0
+            return device or 0, (host or 0) + storage
+    return None, None
+
+
 def _int_or_none(v: object) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 

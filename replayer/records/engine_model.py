@@ -58,6 +58,22 @@ class ServerInfo:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HostFit:
+    """The host tier's part of the fit: its size, the cost model, whether the load
+    term was fitted (else why not) and the residuals of the steps that loaded host
+    hits."""
+
+    capacity_tokens: int
+    cost_model: str
+    fitted: bool
+    steps_with_host_hits: int = 0
+    host_tokens_in_steps: float = 0.0
+    reason: str | None = None  # why the term was not fitted
+    median_rel_residual: float | None = None
+    p90_rel_residual: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FitReport:
     """How the terms were found and how well they fit the runs they came from."""
 
@@ -66,6 +82,9 @@ class FitReport:
     rows: int = 0  # successful measured rows used
     # Root-mean-square relative error per fitted figure (e.g. "ttft", "tpot").
     residuals: dict[str, float] = field(default_factory=dict)
+    # The host tier: its size, the cost model, whether host_hit_us_per_token was
+    # fitted (else why not) and the residuals of the steps that loaded host hits.
+    host: HostFit | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,7 +127,10 @@ class EngineModel:
             raise EngineModelError("cache.host_capacity_tokens must be >= 0")
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if out["fit"] is not None and out["fit"]["host"] is None:
+            del out["fit"]["host"]  # as ENGINE.json was before the host fit
+        return out
 
     @classmethod
     def from_dict(cls, obj: Any, where: str = "engine model") -> EngineModel:
@@ -132,7 +154,15 @@ class EngineModel:
                 ),
                 fit=None
                 if fit is None
-                else FitReport(**{**fit, "runs": tuple(fit.get("runs") or ())}),
+                else FitReport(
+                    **{
+                        **fit,
+                        "runs": tuple(fit.get("runs") or ()),
+                        "host": None
+                        if fit.get("host") is None
+                        else HostFit(**fit["host"]),
+                    }
+                ),
             )
         except EngineModelError as exc:
             raise EngineModelError(f"{where}: {exc}") from None

@@ -414,7 +414,7 @@ class SimRecord:
     settings: SimConfig = field(default_factory=SimConfig)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"args": self.args, **asdict(self.settings)}
+        return {"args": self.args, **_but_new_defaults(asdict(self.settings))}
 
     @classmethod
     def from_dict(cls, obj: Any) -> SimRecord:
@@ -443,7 +443,7 @@ class VirtualRecord:
             "sim_args": self.sim_args,
         }
         if self.engine is not None:
-            d.update(asdict(self.engine))
+            d.update(_but_new_defaults(asdict(self.engine)))
         return d
 
     @classmethod
@@ -464,6 +464,24 @@ class VirtualRecord:
         )
 
 
+# Keys newer than the run.json files already written: left out at their default, so
+# that a run.json read and written back is unchanged (a reader takes the default).
+_NEW_AT_DEFAULT: dict[str, Any] = {
+    "host_bytes_per_token": 0.0,
+    "host_bandwidth_gbs": 0.0,
+    "host_dialect": "vllm",
+    "prefix_cache_host_hits_tokens": 0,
+}
+
+
+def _but_new_defaults(d: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: v
+        for k, v in d.items()
+        if k not in _NEW_AT_DEFAULT or v != _NEW_AT_DEFAULT[k]
+    }
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VirtualEngineStats:
     """What the virtual engine did over a run."""
@@ -474,6 +492,7 @@ class VirtualEngineStats:
     preemptions: int = 0
     prefix_cache_queries_tokens: int = 0
     prefix_cache_hits_tokens: int = 0
+    prefix_cache_host_hits_tokens: int = 0  # of the hits, loaded from the host tier
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

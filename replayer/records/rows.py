@@ -66,6 +66,10 @@ class RequestRecord:
     # --live-assistant: prompt tokens sent minus those the recorded replies would
     # have taken (None: the history was the trace's).
     live_drift_tokens: int | None = None
+    # Of cached_tokens, the hits found on the GPU and those loaded from a host tier
+    # (None: the server does not say; analysis may fill them from its counters).
+    cached_gpu_tokens: int | None = None
+    cached_host_tokens: int | None = None
 
 
 RECORD_SCHEMA = pa.schema(
@@ -109,6 +113,8 @@ RECORD_SCHEMA = pa.schema(
         ("primer", pa.bool_()),
         ("replay_index", pa.int32()),
         ("live_drift_tokens", pa.int64()),
+        ("cached_gpu_tokens", pa.int64()),
+        ("cached_host_tokens", pa.int64()),
     ]
 )
 

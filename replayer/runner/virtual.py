@@ -53,6 +53,8 @@ def engine_model_of(config: SimConfig) -> EngineModel:
     """The engine model a simulator's settings amount to."""
     values = asdict(config)
     steps = {f.name: values[f.name] for f in fields(StepTerms)}
+    # The model's host term is the whole load: bytes over bandwidth folded in.
+    steps["host_hit_us_per_token"] = config.host_load_us_per_token
     cache = {f.name: values[f.name] for f in fields(CacheShape)}
     return EngineModel(
         steps=StepTerms(**steps),
@@ -195,6 +197,10 @@ class VirtualClient:
         core = vreq.core
         out.server_prompt_tokens = core.prompt_tokens
         out.cached_tokens = max(0, core.cached_tokens)
+        if self.config.host_capacity_tokens and core.cached_tokens >= 0:
+            # The split the live simulator's usage gives with a host tier.
+            out.cached_host_tokens = core.host_hit_tokens
+            out.cached_gpu_tokens = core.cached_tokens - core.host_hit_tokens
         if not times:
             return
         start = out.start_ns
@@ -283,6 +289,7 @@ def replay_virtual(
                 preemptions=stats.preemptions,
                 prefix_cache_queries_tokens=stats.prefix_cache_queries_tokens,
                 prefix_cache_hits_tokens=stats.prefix_cache_hits_tokens,
+                prefix_cache_host_hits_tokens=stats.host_hits_tokens,
             ),
         )
         write_run_json(path, replace(done, virtual=account))

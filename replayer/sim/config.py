@@ -10,6 +10,9 @@ from typing import Any
 from replayer.errors import ConfigError
 
 POLICIES = ("vllm", "vllm-chunk", "reserve")
+# How a host tier's hits are reported: vLLM's usage split and prompt_tokens_by_source,
+# or SGLang's cache_source split.
+HOST_DIALECTS = ("vllm", "sglang")
 
 
 # Upper bounds: far past any server, short of what would exhaust this machine.
@@ -64,6 +67,21 @@ class SimConfig:
     )
     host_hit_us_per_token: float = _knob(
         5.0, "Cost per prompt token loaded from the host tier, microseconds."
+    )
+    host_bytes_per_token: float = _knob(
+        0.0,
+        "KV bytes per token loaded from the host tier; with --host-bandwidth-gbs "
+        "each host hit also costs bytes / bandwidth (0: no such term).",
+    )
+    host_bandwidth_gbs: float = _knob(
+        0.0, "Host-to-device bandwidth for host-tier loads, GB/s (1e9 bytes/s)."
+    )
+    host_dialect: str = _knob(
+        "vllm",
+        "How host-tier hits are reported: 'vllm' (usage local_cached_tokens / "
+        "external_cached_tokens, vllm:prompt_tokens_by_source_total) or 'sglang' "
+        "(usage cached_tokens_details device/host, "
+        "sglang:cached_tokens_total{cache_source}).",
     )
     gpu_hit_us_per_token: float = _knob(
         0.0, "Cost per prompt token found in the GPU tier, microseconds."
@@ -139,6 +157,8 @@ class SimConfig:
         for name in (
             "prefill_us_per_token",
             "host_hit_us_per_token",
+            "host_bytes_per_token",
+            "host_bandwidth_gbs",
             "gpu_hit_us_per_token",
             "request_overhead_us",
             "decode_base_ms",
@@ -157,6 +177,23 @@ class SimConfig:
         _require(bool(self.model), "model", "non-empty", self.model)
         rule = f"one of {', '.join(POLICIES)}"
         _require(self.policy in POLICIES, "policy", rule, self.policy)
+        rule = f"one of {', '.join(HOST_DIALECTS)}"
+        dialect = self.host_dialect
+        _require(dialect in HOST_DIALECTS, "host_dialect", rule, dialect)
+        if self.host_bytes_per_token > 0 and self.host_bandwidth_gbs <= 0:
+            raise ConfigError(
+                "host_bytes_per_token needs host_bandwidth_gbs > 0 (the load's "
+                f"bandwidth; got {self.host_bandwidth_gbs!r})"
+            )
+
+    @property
+    def host_load_us_per_token(self) -> float:
+        """What one token loaded from the host tier costs, µs: the per-token term
+        plus its bytes over the host-to-device bandwidth."""
+        moved = 0.0
+        if self.host_bytes_per_token > 0:
+            moved = self.host_bytes_per_token / (self.host_bandwidth_gbs * 1e3)
+        return self.host_hit_us_per_token + moved
 
     @classmethod
     def fast(cls, **overrides: Any) -> SimConfig:

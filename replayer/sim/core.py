@@ -83,6 +83,7 @@ class CoreStats:
 
     prefix_cache_queries_tokens: int = 0
     prefix_cache_hits_tokens: int = 0
+    host_hits_tokens: int = 0  # of prefix_cache_hits_tokens, loaded from the host
     prompt_tokens: int = 0
     generation_tokens: int = 0
     requests_success: int = 0
@@ -114,6 +115,7 @@ class Scheduler:
         self.pool = BlockPool(
             config.kv_capacity_tokens // bs, config.host_capacity_tokens // bs
         )
+        self._host_us = config.host_load_us_per_token
         self.reserve = config.policy == "reserve"
         # vLLM admits a waiting request only when its whole prompt fits
         # (scheduler_reserve_full_isl), not just the first chunk it computes.
@@ -255,7 +257,7 @@ class Scheduler:
             + cfg.decode_us_per_context_token * context
             + cfg.prefill_us_per_token * prefill
             + cfg.gpu_hit_us_per_token * gpu_hit
-            + cfg.host_hit_us_per_token * host_hit
+            + self._host_us * host_hit
             + cfg.request_overhead_us * new
         )
 
@@ -370,6 +372,7 @@ class Scheduler:
             stats = self.stats
             stats.prefix_cache_queries_tokens += req.num_tokens
             stats.prefix_cache_hits_tokens += computed
+            stats.host_hits_tokens += req.host_hit_tokens
             stats.prompt_tokens += req.prompt_tokens
         return len(gpu) * bs, len(host) * bs
 

@@ -208,3 +208,4 @@ class Engine:
         stats.running = len(core.running)
         stats.waiting = len(core.waiting) + len(self._incoming)
         stats.kv_cache_usage = core.pool.usage
+        stats.host_used_tokens = len(core.pool.host) * core.block_size

@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from replayer.sim.config import SimConfig
 from replayer.sim.core import CoreStats
 
 # vLLM's bucket boundaries, seconds.
@@ -57,6 +58,7 @@ class EngineStats(CoreStats):
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float = 0.0
+    host_used_tokens: int = 0  # blocks in the host tier, in tokens
     ttft_s: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
     e2e_s: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS_S))
     tpot_s: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS_S))
@@ -65,8 +67,16 @@ class EngineStats(CoreStats):
     )
 
 
-def render_metrics(stats: EngineStats, model: str, *, block_size: int = 16) -> str:
-    """Prometheus text exposition (format 0.0.4) of ``stats``."""
+def render_metrics(
+    stats: EngineStats,
+    model: str,
+    *,
+    block_size: int = 16,
+    host: SimConfig | None = None,
+) -> str:
+    """Prometheus text exposition (format 0.0.4) of ``stats``; with ``host`` (the
+    settings of a simulator with a host tier) also its per-tier families in the
+    settings' dialect (:func:`host_tier_families`)."""
     label = f'model_name="{_escape(model)}"'
     out: list[str] = [
         # vLLM's info gauge: its labels say how the cache is laid out.
@@ -136,6 +146,8 @@ def render_metrics(stats: EngineStats, model: str, *, block_size: int = 16) -> s
         "Count of successfully processed requests.",
         stats.requests_success,
     )
+    if host is not None:
+        out.extend(host_tier_families(stats, label, host))
     for name, help, hist in (
         (
             "vllm:time_to_first_token_seconds",
@@ -168,6 +180,53 @@ def render_metrics(stats: EngineStats, model: str, *, block_size: int = 16) -> s
         out.append(f"{name}_sum{{{label}}} {_number(hist.total)}")
         out.append(f"{name}_count{{{label}}} {hist.count}")
     return "\n".join(out) + "\n"
+
+
+def host_tier_families(stats: EngineStats, label: str, host: SimConfig) -> list[str]:
+    """The host tier as vLLM counts it (``vllm:prompt_tokens_by_source_total`` by
+    ``source``, the offloading connector's CPU-to-GPU bytes and its CPU usage) or as
+    SGLang does (``sglang:cached_tokens_total`` by ``cache_source``, HiCache's host
+    tokens used and total, ``sglang:token_usage``)."""
+    hits = stats.prefix_cache_hits_tokens
+    host_hits = stats.host_hits_tokens
+    capacity = host.host_capacity_tokens
+    if host.host_dialect == "sglang":
+        name = "sglang:cached_tokens_total"
+        return [
+            "# HELP sglang:prompt_tokens_total Number of prefill tokens processed.",
+            "# TYPE sglang:prompt_tokens_total counter",
+            f"sglang:prompt_tokens_total{{{label}}} "
+            f"{float(stats.prefix_cache_queries_tokens)}",
+            f"# HELP {name} Number of cached prompt tokens.",
+            f"# TYPE {name} counter",
+            f'{name}{{{label},cache_source="device"}} {float(hits - host_hits)}',
+            f'{name}{{{label},cache_source="host"}} {float(host_hits)}',
+            "# HELP sglang:token_usage The token usage.",
+            "# TYPE sglang:token_usage gauge",
+            f"sglang:token_usage{{{label}}} {_number(stats.kv_cache_usage)}",
+            "# TYPE sglang:hicache_host_used_tokens gauge",
+            f"sglang:hicache_host_used_tokens{{{label}}} "
+            f"{float(stats.host_used_tokens)}",
+            "# TYPE sglang:hicache_host_total_tokens gauge",
+            f"sglang:hicache_host_total_tokens{{{label}}} {float(capacity)}",
+        ]
+    name = "vllm:prompt_tokens_by_source_total"
+    computed = stats.prefix_cache_queries_tokens - hits
+    moved = host_hits * host.host_bytes_per_token
+    usage = stats.host_used_tokens / capacity if capacity else 0.0
+    return [
+        "# HELP vllm:prompt_tokens_by_source Number of prompt tokens by source.",
+        "# TYPE vllm:prompt_tokens_by_source counter",
+        f'{name}{{{label},source="local_compute"}} {float(computed)}',
+        f'{name}{{{label},source="local_cache_hit"}} {float(hits - host_hits)}',
+        f'{name}{{{label},source="external_kv_transfer"}} {float(host_hits)}',
+        "# HELP vllm:kv_offload_total_bytes Number of bytes offloaded by KV connector",
+        "# TYPE vllm:kv_offload_total_bytes counter",
+        f'vllm:kv_offload_total_bytes_total{{{label},transfer_type="CPU_to_GPU"}} '
+        f"{float(moved)}",
+        "# TYPE vllm:kv_offload_cpu_cache_usage_perc gauge",
+        f"vllm:kv_offload_cpu_cache_usage_perc{{{label}}} {_number(usage)}",
+    ]
 
 
 def _number(value: float) -> str:

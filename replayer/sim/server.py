@@ -152,8 +152,12 @@ async def _models(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     sim = request.app[SIM_KEY]
+    config = sim.config
     text = render_metrics(
-        sim.engine.stats, sim.config.model, block_size=sim.config.block_size
+        sim.engine.stats,
+        config.model,
+        block_size=config.block_size,
+        host=config if config.host_capacity_tokens else None,
     )
     return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
@@ -202,8 +206,11 @@ def _finish_reason(req_max_tokens: int, dice: Dice) -> str:
     return "length" if dice.output_tokens >= req_max_tokens else "stop"
 
 
-def _usage(seq: Sequence) -> dict[str, object]:
-    return usage_body(seq.prompt_tokens, seq.generated, seq.cached_tokens)
+def _usage(seq: Sequence, config: SimConfig) -> dict[str, object]:
+    host = max(0, seq.core.host_hit_tokens) if config.host_capacity_tokens else None
+    return usage_body(
+        seq.prompt_tokens, seq.generated, seq.cached_tokens, host, config.host_dialect
+    )
 
 
 async def _respond(
@@ -225,7 +232,8 @@ async def _respond(
     words = word_table()
     text = b" ".join(words[(dice.word_offset + i) % len(words)] for i in range(n))
     reason = _finish_reason(req.max_tokens, dice)
-    body = encoder.full_response(text.decode(), reason, _usage(seq))
+    usage = _usage(seq, request.app[SIM_KEY].config)
+    body = encoder.full_response(text.decode(), reason, usage)
     return web.Response(body=body, content_type="application/json")
 
 
@@ -266,7 +274,11 @@ async def _stream(
             if sent == stall_after:
                 stall_after = None
                 await asyncio.sleep(stall_s)
-        tail = encoder.usage_chunk(_usage(seq)) if req.include_usage else b""
+        tail = (
+            encoder.usage_chunk(_usage(seq, request.app[SIM_KEY].config))
+            if req.include_usage
+            else b""
+        )
         await resp.write(tail + DONE)
         await resp.write_eof()
     except ConnectionResetError:

@@ -302,12 +302,27 @@ DONE = b"data: [DONE]\n\n"
 
 
 def usage_body(
-    prompt_tokens: int, completion_tokens: int, cached_tokens: int
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int,
+    host_tokens: int | None = None,
+    dialect: str = "vllm",
 ) -> dict[str, Any]:
-    """OpenAI usage with ``prompt_tokens_details.cached_tokens`` (GPU + host hits)."""
+    """OpenAI usage with ``prompt_tokens_details.cached_tokens`` (GPU + host hits);
+    with ``host_tokens`` (a host tier) also the split, as vLLM says it
+    (``local_cached_tokens``, ``external_cached_tokens``) or as SGLang does
+    (``cached_tokens_details``: ``device``, ``host``)."""
+    details: dict[str, Any] = {"cached_tokens": cached_tokens}
+    if host_tokens is not None:
+        gpu = cached_tokens - host_tokens
+        if dialect == "sglang":
+            details["cached_tokens_details"] = {"device": gpu, "host": host_tokens}
+        else:
+            details["local_cached_tokens"] = gpu
+            details["external_cached_tokens"] = host_tokens
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": details,
     }

@@ -21,6 +21,7 @@ from replayer.records.engine_model import (
     CacheShape,
     EngineModel,
     FitReport,
+    HostFit,
     ServerInfo,
     StepTerms,
     write_engine_model,
@@ -44,7 +45,9 @@ TERMS: tuple[str, ...] = (
     "prefill_us_per_token",
     "gpu_hit_us_per_token",
     "request_overhead_us",
+    "host_hit_us_per_token",
 )
+_HOST = TERMS.index("host_hit_us_per_token")
 _TO_US = {"decode_base_ms": 1000.0, "decode_per_seq_ms": 1000.0}
 # Labels that name the server a run was against (besides endpoint and model): runs
 # that differ in one of them are not one server.
@@ -86,6 +89,7 @@ class ShapeFlags:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     policy: str | None = None
+    host_capacity_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,6 +103,9 @@ class Figures:
     output_tok_s: float
     hit_rate: float
     ok: int
+    # Each tier's hit rate where the rows split the hits (NaN: they do not).
+    gpu_hit_rate: float = math.nan
+    host_hit_rate: float = math.nan
     # The log standard error of each P50/P90 latency (``flat()``'s names), from its
     # seeded bootstrap interval: how tightly the run's requests pin it. Measured
     # runs only (empty for predictions).
@@ -113,6 +120,9 @@ class Figures:
                 out[f"{name.removesuffix('_ms')}_p{q}_ms"] = values[q]
         out["output_tok_s"] = self.output_tok_s
         out["hit_rate"] = self.hit_rate
+        if math.isfinite(self.host_hit_rate):
+            out["gpu_hit_rate"] = self.gpu_hit_rate
+            out["host_hit_rate"] = self.host_hit_rate
         return out
 
 
@@ -362,7 +372,7 @@ def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, 
         flags.max_num_seqs,
         ("simulator settings", sim("max_num_seqs")),
         ("the plateau of vllm:num_requests_running", running_cap_seen(runs)),
-        *_vllm_default_seqs(batched, cpu),
+        *_vllm_default_seqs(batched or 0, cpu),
     )
     first = runs[0].meta.config.replay
     longest = max(
@@ -395,7 +405,18 @@ def cache_shape_of(runs: Sequence[Run], flags: ShapeFlags) -> tuple[CacheShape, 
         sources.append(
             "policy: simulator settings" if sim("policy") else "policy: vLLM's default"
         )
-    host = _int(sim("host_capacity_tokens")) or 0
+    sm = runs[0].server_metrics
+    hicache = sm[sm["metric"] == "sglang:hicache_host_total_tokens"]["value"]
+    hicache_max = hicache.max() if len(hicache) else None
+    host = (
+        pick(
+            "host_capacity_tokens",
+            flags.host_capacity_tokens,
+            ("sglang:hicache_host_total_tokens", hicache_max),
+            ("simulator settings", sim("host_capacity_tokens")),
+        )
+        or 0
+    )
     shape = CacheShape(
         block_size=block,
         kv_capacity_tokens=max(blocks * block, model_len + block),
@@ -434,6 +455,8 @@ class _Events:
     tok: FloatArray  # output tokens before this chunk's
     prompt: FloatArray  # per row: prompt tokens (the server's count if it gave one)
     cached: FloatArray  # per row: cached tokens (0 when not reported)
+    gpu: FloatArray  # per row: of those, found on the GPU (all, without a split)
+    host: FloatArray  # per row: loaded from the host tier (0 without a split)
     starts: FloatArray  # per row: sent, ns
     ends: FloatArray  # per row: last byte, ns
 
@@ -449,6 +472,12 @@ def _events(df: pd.DataFrame) -> _Events:
         .to_numpy(dtype=np.float64, na_value=0.0)
     )
     cached = ok["cached_tokens"].to_numpy(dtype=np.float64, na_value=0.0)
+    gpu, host = cached, np.zeros_like(cached)
+    if "cached_host_tokens" in ok.columns:
+        split = ok["cached_host_tokens"].to_numpy(dtype=np.float64, na_value=np.nan)
+        said = ~np.isnan(split)
+        host = np.where(said, split, 0.0)
+        gpu = cached - host
     out_tokens = ok["output_tokens"].to_numpy(dtype=np.float64, na_value=0.0)
     times: list[float] = []
     req: list[int] = []
@@ -470,6 +499,8 @@ def _events(df: pd.DataFrame) -> _Events:
         tok=np.asarray(tok, dtype=np.float64),
         prompt=prompt,
         cached=cached,
+        gpu=gpu,
+        host=host,
         starts=starts,
         ends=ends,
     )
@@ -563,7 +594,9 @@ def step_samples(df: pd.DataFrame, budget: int) -> StepSamples:
                     bad[j : cl + 1] = True
                     break
                 j -= 1
-        x[j, 4] += cached[r]
+        # The hits of both tiers cost at admission: the step of the first chunk.
+        x[j, 4] += ev.gpu[r]
+        x[j, _HOST] += ev.host[r]
         x[j, 5] += 1.0
     x[:, 0] = 1.0
     keep = valid & ~bad
@@ -601,7 +634,7 @@ def _lone_prefills(
         k = int(np.searchsorted(starts, s, side="left"))
         if np.any(ends[:k] > s):
             continue
-        rows_x.append([1.0, 0.0, 0.0, computed, ev.cached[r], 1.0])
+        rows_x.append([1.0, 0.0, 0.0, computed, ev.gpu[r], 1.0, ev.host[r]])
         rows_y.append((end[cl] - s) / 1000.0)
     return (
         np.asarray(rows_x, dtype=np.float64).reshape(-1, len(TERMS)),
@@ -661,10 +694,11 @@ def usable_steps(
                 "server faster than the client reads), so its steps are thin"
             )
     total = sum(k.steps for k in kept)
-    if total < 2 * len(TERMS):
+    needed = 2 * (len(TERMS) - 1)  # the host term counts only where hits loaded
+    if total < needed:
         raise CalibrationError(
             f"only {total} engine steps of a measurable length could be read off the "
-            f"runs' rows (at least {2 * len(TERMS)} needed; {'; '.join(counts)}): "
+            f"runs' rows (at least {needed} needed; {'; '.join(counts)}): "
             "chunks that arrive together or requests of one output token show no "
             "step; give longer runs, more concurrency, or a server the client can "
             "keep up with"
@@ -679,10 +713,12 @@ def fit_steps(samples: StepSamples) -> tuple[dict[str, float], float]:
     from scipy.optimize import least_squares  # type: ignore[import-untyped]
 
     x, y = samples.x, samples.y_us
-    if samples.steps < 2 * len(TERMS):
+    # The host term counts only where the runs loaded host hits.
+    needed = 2 * (len(TERMS) - (0 if np.any(x[:, _HOST] > 0) else 1))
+    if samples.steps < needed:
         raise CalibrationError(
             f"only {samples.steps} engine steps could be read off the runs' rows "
-            f"(at least {2 * len(TERMS)} needed): give longer runs or more "
+            f"(at least {needed} needed): give longer runs or more "
             "concurrency"
         )
     # Columns scaled to unit size, so one tolerance fits all terms.
@@ -726,11 +762,20 @@ _CONFIDENCE = 0.95
 _Z = NormalDist().inv_cdf(0.5 + _CONFIDENCE / 2)
 
 
+def _no_metrics() -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame(
+        {"scrape_ns": [], "metric": [], "labels": [], "value": []}
+    ).astype({"scrape_ns": "int64", "metric": str, "labels": str, "value": float})
+
+
 def figures_of(df: pd.DataFrame, *, spread: bool = False) -> Figures:
     """A run's figures, by ``analysis``' own definitions (ok, measured rows).
     ``spread``: with each percentile's log standard error (``log_se``)."""
     from analysis import metrics as m
     from analysis.steady import percentile_ci
+    from analysis.tiers import tier_rates
 
     log_se: dict[str, float] = {}
 
@@ -743,7 +788,10 @@ def figures_of(df: pd.DataFrame, *, spread: bool = False) -> Figures:
                 log_se[f"{name.removesuffix('_ms')}_p{q}_ms"] = se
         return out
 
+    tiers = tier_rates(df, _no_metrics())  # the rows' split only
     return Figures(
+        gpu_hit_rate=math.nan if tiers is None else tiers.gpu,
+        host_hit_rate=math.nan if tiers is None else tiers.host,
         ttft_ms=quantiles("ttft_ms", m.ttft_ms(df)),
         tpot_ms=quantiles("tpot_ms", m.tpot_ms(df)),
         e2e_ms=quantiles("e2e_ms", m.e2e_ms(df)),
@@ -924,7 +972,13 @@ def calibrate(
     # In one order whatever the order given: the budget-bound refinement follows
     # one path of finite-difference steps, and the same runs give the same model.
     runs = load_live_runs(sorted(paths, key=lambda p: str(Path(p).resolve())))
+    per_tier = _per_tier(runs)
     shape, sources = cache_shape_of(runs, flags)
+    if per_tier and not shape.host_capacity_tokens and _loaded_host_hits(runs):
+        raise CalibrationError(
+            f"{runs[0].path}: the runs loaded host-tier hits but nothing says the "
+            "host tier's size: pass --host-capacity-tokens"
+        )
     server = server_info(runs[0])
     samples = [step_samples(r.requests, shape.max_num_batched_tokens) for r in runs]
     samples, warnings = usable_steps(runs, samples)
@@ -933,7 +987,7 @@ def calibrate(
         y_us=np.concatenate([s.y_us for s in samples]),
     )
     first, step_residual = fit_steps(both)
-    unseen = _unseen(both)
+    unseen = _unseen(both, per_tier=per_tier)
     notes = [*warnings, *unseen]
     say(
         f"steps: {both.steps:,} read off {len(runs)} run(s); median step residual "
@@ -1023,6 +1077,7 @@ def calibrate(
             runs=tuple(str(p) for p in paths),
             rows=sum(it.measured.ok for it in items),
             residuals=residual,
+            host=_host_fit(both, terms, shape, per_tier=per_tier),
         ),
     )
     return Calibration(
@@ -1037,11 +1092,98 @@ def calibrate(
     )
 
 
-def _unseen(samples: StepSamples) -> list[str]:
+def _per_tier(runs: Sequence[Run]) -> bool:
+    """Whether the runs' rows say which hits came from the host tier.
+
+    Raises:
+        CalibrationError: some runs do and some do not (one server's runs say it
+            alike: they are of different servers, or of one told differently).
+    """
+    said = {
+        str(r.path): "cached_host_tokens" in r.requests.columns
+        and bool(r.requests["cached_host_tokens"].notna().any())
+        for r in runs
+    }
+    if len(set(said.values())) > 1:
+        with_split = [p for p, v in said.items() if v]
+        without = [p for p, v in said.items() if not v]
+        raise CalibrationError(
+            f"runs with per-tier hits ({', '.join(with_split)}) and without "
+            f"({', '.join(without)}) in one calibration: calibrate each server apart"
+        )
+    return all(said.values())
+
+
+def _loaded_host_hits(runs: Sequence[Run]) -> bool:
+    return any(
+        float(r.requests["cached_host_tokens"].fillna(0).sum()) > 0 for r in runs
+    )
+
+
+# The host tier's load, as the model counts it.
+HOST_COST_MODEL = (
+    "host_hit_us_per_token x prompt tokens loaded from the host tier in the step "
+    "of their request's admission (= bytes per token / host-to-device bandwidth "
+    "+ any per-token cost)"
+)
+
+
+def _host_fit(
+    samples: StepSamples,
+    terms: dict[str, float],
+    shape: CacheShape,
+    *,
+    per_tier: bool,
+) -> HostFit:
+    """ENGINE.json's ``fit.host``: the host tier's size, the cost model, whether its
+    term was fitted (and if not, why), and the residuals of the steps that loaded
+    host hits."""
+    x, y = samples.x, samples.y_us
+    loaded = x[:, _HOST] > 0
+    common: dict[str, Any] = {
+        "capacity_tokens": shape.host_capacity_tokens,
+        "cost_model": HOST_COST_MODEL,
+        "steps_with_host_hits": int(loaded.sum()),
+        "host_tokens_in_steps": float(x[loaded, _HOST].sum()),
+    }
+    if not per_tier:
+        return HostFit(
+            **common,
+            fitted=False,
+            reason="the runs' rows do not say which hits came from the host tier "
+            "(no cached_host_tokens): host_hit_us_per_token not fitted",
+        )
+    if not loaded.any():
+        return HostFit(
+            **common,
+            fitted=False,
+            reason="no step read loaded host hits: host_hit_us_per_token is 0",
+        )
+    pred = x[loaded] @ np.asarray([terms[n] for n in TERMS], dtype=np.float64)
+    rel = np.abs(pred - y[loaded]) / np.maximum(pred, 1e-9)
+    return HostFit(
+        **common,
+        fitted=True,
+        median_rel_residual=float(np.median(rel)),
+        p90_rel_residual=float(np.percentile(rel, 90)),
+    )
+
+
+def _unseen(samples: StepSamples, *, per_tier: bool = False) -> list[str]:
     """What the steps cannot tell apart: terms whose work never occurs (fitted as
     0), and a decode batch that never changes size (its cost is in the base)."""
     x = samples.x
     notes = []
+    if not per_tier:
+        notes.append(
+            "the runs do not say which hits came from the host tier (no per-tier "
+            "usage or counters in the rows): host_hit_us_per_token is not fitted (0)"
+        )
+    elif not np.any(x[:, _HOST] > 0):
+        notes.append(
+            "no prompt token loaded from the host tier in the steps read: "
+            "host_hit_us_per_token is 0"
+        )
     what = {
         "prefill_us_per_token": "no prompt token computed",
         "gpu_hit_us_per_token": "no cached prompt token reported",
@@ -1132,14 +1274,14 @@ def holdout(
         measured = [it.measured.flat() for it in items]
         ses = [it.measured.log_se for it in items]
         figures = []
-        for name in pred:
+        for name in [n for n in pred if all(n in m for m in measured)]:
             sampling = None
             if all(name in se for se in ses):
                 var = sum(se[name] ** 2 for se in ses) / len(ses) ** 2
                 sampling = _Z * math.sqrt(var) if math.isfinite(var) else None
             values = np.asarray([m[name] for m in measured], dtype=np.float64)
             mean = float(np.mean(values))
-            points = name == "hit_rate"
+            points = name.endswith("hit_rate")
             if points:
                 error = (pred[name] - mean) * 100
                 spread = float(np.ptp(values)) * 100 if values.size > 1 else None

@@ -22,6 +22,8 @@ class EnginePoint:
     hit_rate: float | None  # over the requests served (None: none was)
     preemptions: int
     refused: int  # requests longer than this KV (the server would refuse them)
+    # Of hit_rate, the share loaded from the host tier (None: the model has none).
+    host_hit_rate: float | None = None
 
 
 def engine_curve(
@@ -77,5 +79,8 @@ def engine_curve(
             queries = engine.prefix_cache_queries_tokens
             refused = summary.counts.failed
             hit = engine.prefix_cache_hits_tokens / queries if queries else None
-            points.append(EnginePoint(budget, hit, engine.preemptions, refused))
+            host = None
+            if sim.host_capacity_tokens and queries:
+                host = engine.prefix_cache_host_hits_tokens / queries
+            points.append(EnginePoint(budget, hit, engine.preemptions, refused, host))
     return points

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,19 +109,30 @@ class SimClient:
             if choice.get("finish_reason"):
                 result.finish_reason = choice["finish_reason"]
 
-    async def metrics(self) -> dict[str, float]:
-        """Samples by name (labels dropped: the sim has one model)."""
+    async def _samples(self) -> Iterator[Any]:
         async with self.session.get(self.url + "/metrics") as resp:
             assert resp.status == 200
             text = await resp.text()
+        return (s for f in text_string_to_metric_families(text) for s in f.samples)
+
+    async def metrics(self) -> dict[str, float]:
+        """Samples by name (labels dropped: the sim has one model)."""
         samples: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                key = sample.name
-                if "le" in sample.labels:
-                    key += f"[{sample.labels['le']}]"
-                samples[key] = sample.value
+        for sample in await self._samples():
+            key = sample.name
+            if "le" in sample.labels:
+                key += f"[{sample.labels['le']}]"
+            samples[key] = sample.value
         return samples
+
+    async def metrics_by_labels(self) -> dict[str, float]:
+        """Samples by name and labels other than model_name, as
+        ``name[label=value]...`` (labels sorted)."""
+        out: dict[str, float] = {}
+        for s in await self._samples():
+            extra = sorted((k, v) for k, v in s.labels.items() if k != "model_name")
+            out[s.name + "".join(f"[{k}={v}]" for k, v in extra)] = s.value
+        return out
 
 
 StartSim = Callable[..., contextlib.AbstractAsyncContextManager[SimClient]]
