@@ -38,6 +38,24 @@ def trace(tmp_path: Path) -> Path:
     )
 
 
+_LIST_OR_FACTOR = [
+    *(("sweep", "--concurrency", v, "expected a list like 1,2,4,8")
+      for v in ("1,,2", "1,2,", ",1", " , ")),
+    *(("run", "--output-scale", v, "")
+      for v in ("inf", "nan", "-inf", "1e308", "0", "-1")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "flag", "value", "says"), _LIST_OR_FACTOR)
+def test_cli_empty_list_values_and_non_finite_output_scale(
+    trace: Path, tmp_path: Path, command: str, flag: str, value: str, says: str
+) -> None:
+    out = tmp_path / "out"
+    res = _invoke(command, trace, "--virtual", "sim", flag, value, "--out", out)
+    _usage_error(res, flag, says, repr(value) if says else "")
+    assert not out.exists()
+
+
 _RUN_FLOATS = [
     "--think-scale", "--think-cap", "--tool-scale", "--duration", "--warmup",
     "--idle-skip", "--cache-warmup", "--speedup", "--session-rate", "--connect-timeout",
