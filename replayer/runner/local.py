@@ -476,7 +476,14 @@ async def _run(
                 scraper.run(side_stop, ctx.config.scrape_interval_s), name="scraper"
             )
         if progress is not None:
-            line = Progress(ctx.counters, ctx.clock, ctx.t0_ns, total, progress)
+            line = Progress(
+                ctx.counters,
+                ctx.clock,
+                ctx.t0_ns,
+                total,
+                progress,
+                loop=ctx.config.loop,
+            )
             side.create_task(line.run(side_stop), name="progress")
         try:
             await run_schedule(ctx, trace)

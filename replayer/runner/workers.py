@@ -93,7 +93,7 @@ def _take(taken: Future[dict[str, Any]], counters: RunCounters) -> None:
 def _reporter(
     loop: asyncio.AbstractEventLoop,
     counters: RunCounters,
-    total: int,
+    fields: dict[str, Any],  # sent beside each snapshot: the trace's total, --loop
     send: Callable[[tuple[str, Any]], None],
     done: threading.Event,
 ) -> None:
@@ -107,7 +107,7 @@ def _reporter(
             return
         while not done.is_set():
             with contextlib.suppress(FutureTimeout):
-                send(("progress", {**taken.result(_REPORT_S), "total": total}))
+                send(("progress", {**taken.result(_REPORT_S), **fields}))
                 break
 
 
@@ -180,7 +180,9 @@ def _worker_main(
         await asyncio.to_thread(barrier.wait, _BARRIER_TIMEOUT_S)
         loop = asyncio.get_running_loop()
         threading.Thread(
-            target=_reporter, args=(loop, counters, total, send, reported),
+            target=_reporter,
+            args=(loop, counters, {"total": total, "loop": config.loop}, send,
+                  reported),
             daemon=True, name="reporter",
         ).start()  # fmt: skip
         return int(t0.value)
@@ -250,7 +252,10 @@ class Reports:
         self.silence.check(running)
         if self.line is not None:
             total = max((r["total"] for r in self.latest.values()), default=0)
-            self.line.tick(lambda: RunCounters.merged(self.latest), t0_ns, total)
+            loop = any(r.get("loop") for r in self.latest.values())
+            self.line.tick(
+                lambda: RunCounters.merged(self.latest), t0_ns, total, loop=loop
+            )
 
     def close(self) -> None:
         if self.line is not None:
