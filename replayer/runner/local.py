@@ -68,7 +68,9 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
 
         def on_sigterm() -> None:
             terms.append(signal.SIGTERM)
-            if task is not None:
+            # One stop: the parent-death signal comes again as each of a dead
+            # parent's threads exits, and a second cancel would cut the flush short.
+            if task is not None and len(terms) == 1:
                 task.cancel()
 
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -336,14 +338,19 @@ async def replay_trace(
                 )
                 meta = _phases(ctx, meta)
                 recorder.set_metadata(meta)
-                if scraper is not None:
-                    # The server's metrics are a side dish: never worth rows.
-                    with contextlib.suppress(RecorderError):
-                        await asyncio.shield(scraper.flush())
-                        await asyncio.shield(asyncio.to_thread(scraper.finish))
-                    meta = replace(meta, server_metrics=scraper.account())
-                    recorder.set_metadata(meta)
+                # The counts first: the server's metrics take a while, and a second
+                # stop meanwhile (SIGTERM again) must not cost the record its counts.
                 write_run_json(run_dir / run_json_name, meta)
+                if scraper is not None:
+                    try:
+                        # The server's metrics are a side dish: never worth rows.
+                        with contextlib.suppress(RecorderError):
+                            await asyncio.shield(scraper.flush())
+                            await asyncio.shield(asyncio.to_thread(scraper.finish))
+                    finally:
+                        meta = replace(meta, server_metrics=scraper.account())
+                        recorder.set_metadata(meta)
+                        write_run_json(run_dir / run_json_name, meta)
     finally:
         gc.unfreeze()
         prompts.close()
