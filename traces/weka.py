@@ -302,9 +302,7 @@ def _parse_entries(
                     agent_id=sub[1],
                     t_s=_number(ctx, entry, "t", label, signed=True) or 0.0,
                     subagent_type=_opt_str(ctx, entry, "subagent_type", label),
-                    duration_ms=_number(
-                        ctx, entry, "duration_ms", label, unit=1e-3
-                    ),
+                    duration_ms=_number(ctx, entry, "duration_ms", label, unit=1e-3),
                     total_tokens=_count(
                         ctx, entry, "total_tokens", label, required=False
                     ),

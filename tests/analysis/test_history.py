@@ -310,7 +310,8 @@ def test_history_regressions_flags_a_planted_20pct_p90_ttft_regression(
     assert ms_delta in " ".join(row.split())
     assert pct in " ".join(row.split())
     assert h100["ci_low_pct"] == pytest.approx(h100["ci_low"] / h100["a"] * 100)
-    assert "delta (ms)" in failing.output and "95% CI (%)" in failing.output
+    assert "delta (ms)" in failing.output
+    assert "95% CI (%)" in failing.output
     _cli("history", "regressions", "--db", db, "--resamples", "400", "--fail-on", "40")
     # Against a baseline: the H100 configuration's run of engine 1.0.
     base = _json("history", "regressions", "--db", db, "--resamples", "400",

@@ -93,7 +93,7 @@ def test_load_run_json_of_no_run_is_not_a_run(
 ) -> None:
     (tmp_path / "hello").mkdir()
     (tmp_path / "hello" / "run.json").write_text('{"hello": 1}')
-    with pytest.raises(AnalysisError, match="run.json names no run_id"):
+    with pytest.raises(AnalysisError, match=r"run\.json names no run_id"):
         load_run(tmp_path / "hello")
     # Beside rows, the part files' copy is used: nothing recorded is lost.
     path = make_run_dir(tmp_path / "r", [rec()])

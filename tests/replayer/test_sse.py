@@ -60,7 +60,8 @@ def test_sse_error_and_malformed() -> None:
     # Choices that are not a list of objects: an error, not an ok chunk of no tokens.
     for data in (b'{"choices":"notalist"}', b'{"choices": [1]}', b'{"choices":{}}'):
         error = parse_event([b"data: " + data]).error
-        assert error is not None and error.startswith("malformed SSE chunk"), data
+        assert error is not None, data
+        assert error.startswith("malformed SSE chunk"), data
     assert parse_event([b'data: {"choices":[],"usage":{}}']).error is None
 
 

@@ -69,7 +69,9 @@ def test_cli_trace_absurd_think_time_is_refused_naming_where(
     bad["requests"].append({**bad["requests"][0], "t": 1, "think_time": think})
     path = tmp_path / "t.json"
     path.write_text(json.dumps(bad))
-    argv = ["trace", "stats", path] if command == "stats" else ["run", path]
+    argv: list[str | Path] = (
+        ["trace", "stats", path] if command == "stats" else ["run", path]
+    )
     if command == "run":
         argv += ["--virtual", "sim", "--quiet", "--out", tmp_path / "run"]
     result = _invoke(*argv)
