@@ -182,3 +182,18 @@ def test_cli_trace_validate_huge_token_counts(tmp_path: Path, value: int) -> Non
         res.output
     )
     assert "field 'out'" in res.output
+
+
+def test_cli_run_scaled_gap_past_int64_ns_waits_instead_of_wrapping(
+    tmp_path: Path,
+) -> None:
+    # 9e7 s (within a trace's bound) x --think-scale 1000 = 9e10 s: more ns than an
+    # int64 holds. It wrapped to a gap of 0 (with numpy's warning); it outlasts the run.
+    path = write_trace(
+        trace_of(growing_session("a", 2, think=9e7)), tmp_path / "t.jsonl"
+    )
+    out = tmp_path / "run"
+    res = _invoke("run", path, "--virtual", "sim", "--quiet", "--think-scale", "1000",
+                  "--duration", "5", "--out", out)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "1 requests (1 ok" in res.output
