@@ -706,10 +706,12 @@ def trend(
     column = metric_column(metric)
     sets = comparable_sets(runs)
     if len(sets) > 1 and not mixed:
+        differ = [k for k in COMPARABLE if len({str(x[k]) for x in sets}) > 1]
         raise HistoryError(
             f"the selected runs do not compare: {len(sets)} different "
-            f"(trace hash, protocol, tool version) sets ({_describe_sets(sets)}); "
-            "narrow them with --trace / --label, or pass --mixed to draw them anyway"
+            f"(trace hash, protocol, protocol config, tool version) sets, which differ "
+            f"in {', '.join(differ)} ({_describe_sets(sets, differ)}); narrow them "
+            "with --trace / --label, or pass --mixed to draw them anyway"
         )
     series: dict[str, dict[str, Any]] = {}
     for r in runs:
@@ -735,12 +737,45 @@ def trend(
     }
 
 
-def _describe_sets(sets: Sequence[dict[str, Any]]) -> str:
-    return "; ".join(
-        f"trace {str(s['trace_hash'])[:12]}, protocol {s['protocol']}, "
-        f"tool {s['tool_version']}"
-        for s in sets[:4]
-    ) + ("; ..." if len(sets) > 4 else "")
+def _flat_config(text: Any) -> dict[str, str]:
+    """A stored protocol config (JSON) as ``key=value`` pairs, nested keys dotted."""
+    try:
+        obj = json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        obj = text
+    if not isinstance(obj, dict):
+        return {"": str(obj)}
+    out: dict[str, str] = {}
+    for k, v in obj.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{kk}": vv for kk, vv in _flat_config(v).items()})
+        else:
+            out[k] = json.dumps(v, default=str)
+    return out
+
+
+def _describe_sets(sets: Sequence[dict[str, Any]], differ: Sequence[str]) -> str:
+    """Each set (the first few) by the fields that differ among them; of the
+    protocol config, only the keys that differ."""
+    flat = [_flat_config(s["protocol_config"]) for s in sets]
+    keys = sorted({k for f in flat for k in f})
+    varying = [k for k in keys if len({f.get(k) for f in flat}) > 1]
+    shown = {"trace_hash": "trace", "protocol": "protocol", "tool_version": "tool"}
+
+    def one(s: dict[str, Any], f: dict[str, str]) -> str:
+        parts = []
+        for k in differ:
+            if k == "protocol_config":
+                parts += [f"{c or 'protocol_config'}={f.get(c, '-')}" for c in varying]
+            elif k == "trace_hash":
+                parts.append(f"trace {str(s[k])[:12]}")
+            else:
+                parts.append(f"{shown[k]} {s[k]}")
+        return ", ".join(parts)
+
+    return "; ".join(one(s, f) for s, f in zip(sets[:4], flat, strict=False)) + (
+        f"; and {len(sets) - 4} more" if len(sets) > 4 else ""
+    )
 
 
 # -- regressions --------------------------------------------------------------------
@@ -806,6 +841,9 @@ def regressions(
     of the change (``analysis.compare``'s bootstrap and verdict, over the rows DuckDB
     reads). A change is flagged when its CI excludes zero; ``failed`` lists the
     flagged worsenings of at least ``fail_on`` percent."""
+    if fail_on is not None and not 0 <= fail_on < math.inf:
+        # nan compares false with every change: the gate would silently never fail.
+        raise HistoryError(f"fail_on must be a finite percent >= 0 (got {fail_on})")
     tail = (1 - confidence) / 2 * 100
     by_config: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
@@ -862,6 +900,9 @@ def regressions(
                         "delta_pct": delta / pa_ * 100 if pa_ else math.nan,
                         "ci_low": low,
                         "ci_high": high,
+                        # The CI in the delta's percent (of A), as `delta_pct`.
+                        "ci_low_pct": low / pa_ * 100 if pa_ else math.nan,
+                        "ci_high_pct": high / pa_ * 100 if pa_ else math.nan,
                         "verdict": v,
                         "flagged": v != "no clear difference",
                     }

@@ -139,6 +139,12 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return _json_object(raw)
 
 
+def _is_run_meta(obj: dict[str, Any]) -> bool:
+    """Whether a JSON object is a run's metadata: every run.json names its run."""
+    run_id = obj.get("run_id")
+    return isinstance(run_id, str) and bool(run_id)
+
+
 def load_run(
     path: str | Path, *, columns: Sequence[str] | None = None, compact: bool = False
 ) -> Run:
@@ -164,15 +170,20 @@ def load_run(
         raise AnalysisError(f"unknown request column(s): {', '.join(unknown)}")
     problems: list[str] = []
     meta = _read_json(path / "run.json")
+    why = "no run.json"
     if meta is None and (path / "run.json").exists():
-        problems.append("run.json is not a JSON object; using the part files' copy")
+        why = "run.json is not a JSON object"
+    elif meta is not None and not _is_run_meta(meta):
+        why, meta = "run.json names no run_id", None
+    if why != "no run.json":
+        problems.append(f"{why}; using the part files' copy")
     parts = request_parts(path)
     read = _read_compact if compact else _read_whole
     requests, kept, part_meta = read(parts, wanted, problems)
     meta = meta if meta is not None else part_meta
     if meta is None and not kept:
         raise AnalysisError(
-            f"{path}: not a run directory (no run.json and no readable "
+            f"{path}: not a run directory ({why} and no readable "
             "requests/part-*.parquet)"
         )
     if meta is None:

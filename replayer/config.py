@@ -319,8 +319,10 @@ class ReplayConfig:
                 f"mooncake rows must be one of {', '.join(MOONCAKE_ROWS)} "
                 f"(got {self.mooncake_rows!r})"
             )
-        if not self.output_scale > 0:
-            raise ConfigError(f"output scale must be > 0 (got {self.output_scale})")
+        if not 0 < self.output_scale < math.inf:
+            raise ConfigError(
+                f"output scale must be a finite number > 0 (got {self.output_scale})"
+            )
         if self.max_output_tokens is not None and self.max_output_tokens < 1:
             raise ConfigError(
                 f"max output tokens must be >= 1 (got {self.max_output_tokens})"

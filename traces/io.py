@@ -272,8 +272,12 @@ def check_trace(
         return None, problems
     if not sessions:
         return None, [Problem(path=path, reason="trace holds no sessions")]
+    trace = Trace(sessions=tuple(sessions), source_format="")
+    if trace.request_count() == 0:
+        # Nothing to replay: a run of it would record an empty folder as a result.
+        return None, [Problem(path=path, reason="trace holds no requests")]
     fmt = formats.pop() if len(formats) == 1 else "mixed"
-    return Trace(sessions=tuple(sessions), source_format=fmt), []
+    return Trace(sessions=trace.sessions, source_format=fmt), []
 
 
 def read_trace(

@@ -15,6 +15,10 @@ HashIds = npt.NDArray[np.int64]
 # The most tokens one request may claim (~1.1e12): a million times the longest
 # context served today, and sums over millions of requests stay within int64.
 MAX_TOKENS = 1 << 40
+# The longest time (a gap, a duration, an offset in a session) a trace may hold, in
+# seconds (~3 years): past it a value is a typo or an overflow, and in nanoseconds it
+# would not fit the int64 columns a replay writes.
+MAX_SECONDS = 1e8
 Scope = Literal["local", "global"]
 _EMPTY_IDS: HashIds = np.zeros(0, dtype=np.int64)
 _EMPTY_IDS.setflags(write=False)

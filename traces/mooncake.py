@@ -12,7 +12,7 @@ from typing import Any, Literal
 import numpy as np
 
 from traces.errors import Problem
-from traces.model import MAX_TOKENS, Request, Session
+from traces.model import MAX_SECONDS, MAX_TOKENS, Request, Session
 from traces.table import RequestTable
 
 MOONCAKE_BLOCK_SIZE = 512
@@ -59,9 +59,19 @@ def parse_mooncake_line(
             problems.append(_problem(path, line, key, why))
         vals[key] = v if why is None and isinstance(v, int) else 0
     ts = obj.get("timestamp")
-    if not isinstance(ts, int | float) or isinstance(ts, bool) or ts < 0:
+    if (
+        not isinstance(ts, int | float)
+        or isinstance(ts, bool)
+        or not 0 <= ts <= MAX_SECONDS * 1e3  # ms; nan fails it too
+    ):
         problems.append(
-            _problem(path, line, "timestamp", f"expected a number >= 0, got {ts!r}")
+            _problem(
+                path,
+                line,
+                "timestamp",
+                f"expected a number in [0, {MAX_SECONDS * 1e3:,.0f}] ms, "
+                f"got {ts!r:.40}",
+            )
         )
         ts = 0
     raw = obj.get("hash_ids", [])

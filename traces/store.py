@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from traces.errors import Problem, TraceError, TraceFormatError
 from traces.gaps import parts_past_gap
-from traces.model import MAX_TOKENS, HashIds, Session, Subagent, Trace
+from traces.model import MAX_SECONDS, MAX_TOKENS, HashIds, Session, Subagent, Trace
 from traces.table import (
     GAP_PARTS,
     ChainBuilder,
@@ -499,11 +499,15 @@ def check_rows(
         col = getattr(rows, name)
         if col is None:  # a think-gap part no row knows
             continue
-        ok = np.isfinite(col) & (col >= 0)
+        ok = np.isfinite(col) & (col >= 0) & (col <= MAX_SECONDS)
         if optional:
             ok |= np.isnan(col)
         for i in np.flatnonzero(~ok).tolist():
-            at(i, fld, f"expected a finite number >= 0, got {col[i]}")
+            at(
+                i,
+                fld,
+                f"expected a finite number in [0, {MAX_SECONDS:,.0f}] s, got {col[i]}",
+            )
     if rows.tool_wait_s is not None or rows.human_wait_s is not None:
         think = rows.think_time_s
         tool, human = (

@@ -14,7 +14,7 @@ import numpy as np
 
 from traces.errors import Problem
 from traces.gaps import parts_past_gap
-from traces.model import MAX_TOKENS, Request, Session, Subagent
+from traces.model import MAX_SECONDS, MAX_TOKENS, Request, Session, Subagent
 from traces.table import RequestRows, table_of
 
 _SESSION_KEYS = frozenset(
@@ -133,9 +133,11 @@ def _number(
     *,
     required: bool = False,
     signed: bool = False,
+    unit: float = 1.0,
 ) -> float | None:
-    """A finite number (seconds, ms; >= 0 unless ``signed``); a problem, and None,
-    if it is not one (a missing one is a problem only when ``required``)."""
+    """A finite number of seconds (``unit`` 1e-3: ms) within MAX_SECONDS either way
+    (>= 0 unless ``signed``); a problem, and None, if it is not one (a missing one
+    is a problem only when ``required``)."""
     v = obj.get(key)
     if v is None:
         if required:
@@ -146,6 +148,10 @@ def _number(
         return None
     if v < 0 and not signed:
         ctx.add(index, key, f"must be >= 0 (got {v})")
+        return None
+    if abs(v) * unit > MAX_SECONDS:
+        most = MAX_SECONDS / unit
+        ctx.add(index, key, f"must be <= {most:,.0f} (~3 years; got {v:.6g})")
         return None
     return float(v)
 
@@ -294,9 +300,9 @@ def _parse_entries(
                     anchor_index=anchor,
                     join_index=join,
                     agent_id=sub[1],
-                    t_s=float(entry["t"]) if _is_num(entry.get("t")) else 0.0,
+                    t_s=_number(ctx, entry, "t", label, signed=True) or 0.0,
                     subagent_type=_opt_str(ctx, entry, "subagent_type", label),
-                    duration_ms=_number(ctx, entry, "duration_ms", label),
+                    duration_ms=_number(ctx, entry, "duration_ms", label, unit=1e-3),
                     total_tokens=_count(
                         ctx, entry, "total_tokens", label, required=False
                     ),

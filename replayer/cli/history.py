@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from replayer.cli.errors import errors_as_messages
-from replayer.cli.params import DIRECTORY, SEED, TOKENS, count
+from replayer.cli.params import (
+    DIRECTORY,
+    MAX_RATE,
+    SEED,
+    TOKENS,
+    Quantity,
+    count,
+)
 
 if TYPE_CHECKING:
     from analysis.history import Filters
@@ -167,6 +174,11 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def _signed(value: float, digits: int) -> str:
+    """A change with its sign ("-": unknown)."""
+    return f"{value:+,.{digits}f}" if math.isfinite(value) else "-"
+
+
 def _pct(rate: Any) -> str:
     """A hit rate in percent ("-": unknown)."""
     text = _fmt(None if rate is None else rate * 100)
@@ -305,7 +317,8 @@ def trend(
 )
 @click.option(
     "--fail-on",
-    type=click.FloatRange(min=0),
+    # nan compares false with every change: the gate would never fail.
+    type=Quantity(min=0, max=MAX_RATE),
     metavar="PERCENT",
     help="Exit 1 when a flagged change makes a P90 worse by at least PERCENT.",
 )
@@ -358,8 +371,10 @@ def regressions(
                     "figure",
                     "A",
                     "B",
-                    "delta",
-                    "95% CI",
+                    "delta (ms)",
+                    "95% CI (ms)",
+                    "delta (%)",
+                    "95% CI (%)",
                     "verdict",
                 ],
                 [
@@ -369,8 +384,11 @@ def regressions(
                         r["figure"],
                         _fmt(r["a"], 2),
                         _fmt(r["b"], 2),
-                        f"{r['delta_pct']:+.1f}%",
-                        f"[{_fmt(r['ci_low'], 2)}, {_fmt(r['ci_high'], 2)}]",
+                        _signed(r["delta"], 2),
+                        f"[{_signed(r['ci_low'], 2)}, {_signed(r['ci_high'], 2)}]",
+                        _signed(r["delta_pct"], 1),
+                        f"[{_signed(r['ci_low_pct'], 1)}, "
+                        f"{_signed(r['ci_high_pct'], 1)}]",
                         r["verdict"].upper() if r["flagged"] else r["verdict"],
                     ]
                     for r in found["comparisons"]
@@ -391,7 +409,7 @@ def regressions(
 @_DB
 @click.option(
     "--points",
-    type=click.FloatRange(min=0),
+    type=Quantity(min=0, max=100),
     default=10.0,
     show_default=True,
     help="Flag a run whose server hit is this many points under its LRU estimate.",

@@ -16,12 +16,14 @@ from replayer.cli.params import (
     BLOCK_TOKENS,
     FACTOR,
     FRACTION,
+    MAX_FACTOR,
     POSITIVE,
     POSITIVE_SECONDS,
     PROCESSES,
     SECONDS,
     SEED,
     HttpUrl,
+    Quantity,
     Ratio,
     ShellArgs,
     TokenRange,
@@ -190,7 +192,7 @@ def _options() -> list[Callable[[F], F]]:
         ),
         click.option(
             "--output-scale",
-            type=click.FloatRange(min=0, min_open=True),
+            type=Quantity(min=0, min_open=True, max=MAX_FACTOR),
             default=1.0,
             show_default=True,
             help="Multiply every request's output length (max_tokens, and "

@@ -172,8 +172,14 @@ def int_list(
 ) -> list[int]:
     """``text`` as comma-separated integers in [minimum, maximum] (``_`` separators
     allowed); a bad value is a click.BadParameter that quotes ``example``."""
+    items = text.split(",")
+    if len(items) > 1 and not all(x.strip() for x in items):
+        # "1,,2": a value lost between the commas, not a list of two.
+        raise click.BadParameter(
+            f"expected a list like {example}, got {text!r} (an empty value)"
+        )
     try:
-        values = [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
+        values = [int(x.replace("_", "")) for x in items if x.strip()]
     except ValueError:
         raise click.BadParameter(
             f"expected a list like {example}, got {text!r}"

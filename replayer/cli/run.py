@@ -126,7 +126,11 @@ def run(
 
 
 def _levels(text: str) -> list[int]:
-    return int_list(text, minimum=1, maximum=MAX_LANES, example="1,2,4,8")
+    try:
+        return int_list(text, minimum=1, maximum=MAX_LANES, example="1,2,4,8")
+    except click.BadParameter as exc:
+        exc.param_hint = "'--concurrency'"  # parsed after click: name the flag
+        raise
 
 
 @click.command()

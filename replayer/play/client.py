@@ -277,11 +277,13 @@ class Client:
         out.connect_ns = out.connect_ns or 0
         for attempt in range(2):
             out.start_ns = self.clock.now_ns()
+            total = None
             try:
                 if self.endpoint.total_timeout_s is None:
                     await self._stream(body, out, headers)
                 else:
-                    async with asyncio.timeout(self.endpoint.total_timeout_s):
+                    total = asyncio.timeout(self.endpoint.total_timeout_s)
+                    async with total:
                         await self._stream(body, out, headers)
             except _RETRYABLE_BEFORE_SEND as exc:
                 if out.http_status is None and attempt == 0:
@@ -289,7 +291,8 @@ class Client:
                     continue
                 out.fail("client_error", type(exc).__name__, _describe(exc))
             except TimeoutError as exc:
-                if self.endpoint.total_timeout_s:
+                # Named for what fired: the total deadline, or the socket's own.
+                if total is not None and total.expired():
                     what = "total timeout"
                 elif isinstance(exc, aiohttp.ConnectionTimeoutError):
                     what = "connect timeout"

@@ -109,11 +109,14 @@ class Progress:
         t0_ns: int,
         total: int,
         stream: TextIO,
+        *,
+        loop: bool = False,  # --loop: the trace over again, so no fixed total
     ) -> None:
         self.counters = counters
         self.clock = clock
         self.t0_ns = t0_ns
         self.total = total
+        self.loop = loop
         self.stream = stream
         self.tty = stream.isatty()
 
@@ -124,8 +127,13 @@ class Progress:
         (p90_ns,) = percentiles(c.recent_ttfts_ns, [90]) if c.recent_ttfts_ns else [0]
         p90 = f"{p90_ns / 1e6:,.0f} ms" if c.recent_ttfts_ns else "-"
         rate = c.output_tokens / elapsed if elapsed > 0 else 0.0
+        if self.loop:
+            passes = n.requests / self.total if self.total else 0.0
+            done = f"{n.requests:,} ({passes:,.2f} passes of {self.total:,})"
+        else:
+            done = f"{n.requests:,}/{self.total:,}"
         return (
-            f"[{elapsed:7.1f}s] done {n.requests:,}/{self.total:,}  in flight "
+            f"[{elapsed:7.1f}s] done {done}  in flight "
             f"{c.inflight}  lanes {c.lanes}  failed {n.failed}  skipped {n.skipped}"
             f"  P90 TTFT {p90}  {rate:,.0f} out tok/s"
             + (f"  CLIENT-LIMITED: {c.client_limit}" if c.client_limit else "")
@@ -167,13 +175,23 @@ class StatusLine:
         self.last_ns = clock.now_ns()
         self.drawn = False
 
-    def tick(self, counters: Callable[[], RunCounters], t0_ns: int, total: int) -> None:
-        """Print the line if it is due (``t0_ns`` 0: the run has not started)."""
+    def tick(
+        self,
+        counters: Callable[[], RunCounters],
+        t0_ns: int,
+        total: int,
+        *,
+        loop: bool = False,
+    ) -> None:
+        """Print the line if it is due (``t0_ns`` 0: the run has not started);
+        ``total`` and ``loop`` as :class:`Progress`'s."""
         now = self.clock.now_ns()
         if t0_ns <= 0 or now - self.last_ns < self.interval_ns:
             return
         self.last_ns = now
-        line = Progress(counters(), self.clock, t0_ns, total, self.stream).line()
+        line = Progress(
+            counters(), self.clock, t0_ns, total, self.stream, loop=loop
+        ).line()
         if self.tty:
             self.stream.write("\r\x1b[2K" + line)
             self.drawn = True

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from traces.materialize import Materializer, Prompt, Reply
     from traces.model import Request, Session
 
+_MAX_GAP_NS = 1 << 62  # a gap's most: past any run's end, and t0 + it fits int64
+
 
 class PromptBuilder:
     """Builds request bodies. A large one (a 142K-token body takes tens of ms) is
@@ -116,6 +118,9 @@ class RunContext:
         """The gap before each of ``requests`` (one session's), ns: the trace's think
         gaps under the run's gap rule (``traces.gaps``: tool time scaled apart)."""
         gaps_s = self.config.gap_rule.gaps_s(requests)
+        # A trace's time times --think-scale may pass what int64 ns hold: such a gap
+        # outlasts any run, so it waits ~146 years rather than wrapping to 0.
+        gaps_s = np.minimum(gaps_s, _MAX_GAP_NS / 1e9)
         gaps: list[int] = (gaps_s * 1e9).astype(np.int64).tolist()
         return gaps
 

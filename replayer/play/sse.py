@@ -82,6 +82,8 @@ def _quick(data: bytes) -> Event | None:
     """
     if not (data.startswith(b"{") and data.endswith(b"}")):
         return None
+    if b'"choices":[' not in data:  # no list of choices: parse_chunk says what is
+        return None
     for marker in _FULL_PARSE:
         if marker in data:
             return None
@@ -100,13 +102,21 @@ def parse_chunk(obj: dict[str, Any], *, text: bool = False) -> Event:
         msg = err.get("message") if isinstance(err, dict) else str(err)
         return Event(error=str(msg)[:500])
     usage = obj.get("usage")
-    choices = obj.get("choices") or ()
+    choices = obj.get("choices")
+    if choices is None:
+        choices = []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        # A stream whose chunks are not OpenAI's cannot be read as ok: its tokens
+        # (none found) would be measured as an empty reply.
+        what = "a list of objects" if isinstance(choices, list) else "a list"
+        return Event(
+            error=f"malformed SSE chunk: 'choices' is not {what}: "
+            f"{orjson.dumps(obj)[:200]!r}"
+        )
     has_content = False
     finish = None
     parts: list[str] = []
     for choice in choices:
-        if not isinstance(choice, dict):
-            continue
         delta = choice.get("delta")
         if isinstance(delta, dict):
             content = delta.get("content")

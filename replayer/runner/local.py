@@ -68,7 +68,9 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
 
         def on_sigterm() -> None:
             terms.append(signal.SIGTERM)
-            if task is not None:
+            # One stop: the parent-death signal comes again as each of a dead
+            # parent's threads exits, and a second cancel would cut the flush short.
+            if task is not None and len(terms) == 1:
                 task.cancel()
 
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -336,14 +338,19 @@ async def replay_trace(
                 )
                 meta = _phases(ctx, meta)
                 recorder.set_metadata(meta)
-                if scraper is not None:
-                    # The server's metrics are a side dish: never worth rows.
-                    with contextlib.suppress(RecorderError):
-                        await asyncio.shield(scraper.flush())
-                        await asyncio.shield(asyncio.to_thread(scraper.finish))
-                    meta = replace(meta, server_metrics=scraper.account())
-                    recorder.set_metadata(meta)
+                # The counts first: the server's metrics take a while, and a second
+                # stop meanwhile (SIGTERM again) must not cost the record its counts.
                 write_run_json(run_dir / run_json_name, meta)
+                if scraper is not None:
+                    try:
+                        # The server's metrics are a side dish: never worth rows.
+                        with contextlib.suppress(RecorderError):
+                            await asyncio.shield(scraper.flush())
+                            await asyncio.shield(asyncio.to_thread(scraper.finish))
+                    finally:
+                        meta = replace(meta, server_metrics=scraper.account())
+                        recorder.set_metadata(meta)
+                        write_run_json(run_dir / run_json_name, meta)
     finally:
         gc.unfreeze()
         prompts.close()
@@ -476,7 +483,14 @@ async def _run(
                 scraper.run(side_stop, ctx.config.scrape_interval_s), name="scraper"
             )
         if progress is not None:
-            line = Progress(ctx.counters, ctx.clock, ctx.t0_ns, total, progress)
+            line = Progress(
+                ctx.counters,
+                ctx.clock,
+                ctx.t0_ns,
+                total,
+                progress,
+                loop=ctx.config.loop,
+            )
             side.create_task(line.run(side_stop), name="progress")
         try:
             await run_schedule(ctx, trace)

@@ -36,7 +36,7 @@ from replayer.records import RecordedConfig, RunCounts, RunMeta
 from replayer.records.parts import request_parts
 from replayer.records.rundir import read_run_json, write_run_json
 
-_START_DELAY_NS = 200_000_000  # after the barrier, so every worker waits at t0
+_START_DELAY_NS = 200_000_000  # after the start gate, so every worker waits at t0
 _BARRIER_TIMEOUT_S = 3600.0  # a worker still preparing after this is stuck
 _POLL_S = 0.5  # how often the parent looks at its workers
 _STOP_GRACE_S = 30.0  # SIGTERM'd workers flush within this, else SIGKILL
@@ -86,6 +86,42 @@ class Silence:
             self.stream.flush()
 
 
+class StartGate:
+    """The shared zero, through one pipe to each worker: each says it is prepared;
+    once all are, the parent sends them the zero, slightly in the future. Pipes, not
+    a multiprocessing Barrier: a parent killed -9 leaves no named semaphore behind,
+    and a worker waiting at the gate reads EOF when the parent dies."""
+
+    def __init__(self, conns: list[mpc.Connection]) -> None:
+        self.conns = conns  # the parent's write ends
+        self.prepared: set[int] = set()
+        self.t0_ns = 0  # 0: not started
+
+    def prepared_by(self, k: int) -> None:
+        self.prepared.add(k)
+        if len(self.prepared) == len(self.conns) and not self.t0_ns:
+            self.t0_ns = time.perf_counter_ns() + _START_DELAY_NS
+            for conn in self.conns:
+                with contextlib.suppress(OSError):  # a worker that died: _poll says
+                    conn.send(self.t0_ns)
+
+    def abort(self) -> None:
+        """A worker still waiting at the gate gives up (it reads EOF)."""
+        for conn in self.conns:
+            conn.close()
+
+
+def _wait_start(conn: mpc.Connection) -> int:
+    """In a worker: the zero the parent sends; BrokenBarrierError when the gate is
+    aborted, the parent died, or nothing came for _BARRIER_TIMEOUT_S."""
+    try:
+        if conn.poll(_BARRIER_TIMEOUT_S):
+            return int(conn.recv())
+    except (EOFError, OSError):
+        pass
+    raise threading.BrokenBarrierError
+
+
 def _take(taken: Future[dict[str, Any]], counters: RunCounters) -> None:
     taken.set_result(counters.snapshot())
 
@@ -93,7 +129,7 @@ def _take(taken: Future[dict[str, Any]], counters: RunCounters) -> None:
 def _reporter(
     loop: asyncio.AbstractEventLoop,
     counters: RunCounters,
-    total: int,
+    fields: dict[str, Any],  # sent beside each snapshot: the trace's total, --loop
     send: Callable[[tuple[str, Any]], None],
     done: threading.Event,
 ) -> None:
@@ -107,7 +143,7 @@ def _reporter(
             return
         while not done.is_set():
             with contextlib.suppress(FutureTimeout):
-                send(("progress", {**taken.result(_REPORT_S), "total": total}))
+                send(("progress", {**taken.result(_REPORT_S), **fields}))
                 break
 
 
@@ -154,8 +190,7 @@ def _worker_main(
     run_dir: str,
     meta: RunMeta,
     worker_id: int,
-    barrier: Any,
-    t0: Any,
+    start: mpc.Connection,
     conn: mpc.Connection,
     parent: tuple[int, mpc.Connection],
 ) -> None:
@@ -174,16 +209,16 @@ def _worker_main(
             conn.send(message)
 
     async def gate() -> int:
-        # Two rounds: all prepared; one sets the shared zero; all read it.
-        if await asyncio.to_thread(barrier.wait, _BARRIER_TIMEOUT_S) == 0:
-            t0.value = time.perf_counter_ns() + _START_DELAY_NS
-        await asyncio.to_thread(barrier.wait, _BARRIER_TIMEOUT_S)
+        send(("prepared", None))
+        t0_ns = await asyncio.to_thread(_wait_start, start)
         loop = asyncio.get_running_loop()
         threading.Thread(
-            target=_reporter, args=(loop, counters, total, send, reported),
+            target=_reporter,
+            args=(loop, counters, {"total": total, "loop": config.loop}, send,
+                  reported),
             daemon=True, name="reporter",
         ).start()  # fmt: skip
-        return int(t0.value)
+        return t0_ns
 
     try:
         trace = read_trace(trace_path, mooncake_rows=config.mooncake_rows)
@@ -250,7 +285,10 @@ class Reports:
         self.silence.check(running)
         if self.line is not None:
             total = max((r["total"] for r in self.latest.values()), default=0)
-            self.line.tick(lambda: RunCounters.merged(self.latest), t0_ns, total)
+            loop = any(r.get("loop") for r in self.latest.values())
+            self.line.tick(
+                lambda: RunCounters.merged(self.latest), t0_ns, total, loop=loop
+            )
 
     def close(self) -> None:
         if self.line is not None:
@@ -272,8 +310,9 @@ def replay_with_workers(
     on stderr).
 
     Each worker prepares everything slow (reading the trace, ideal hits, the model
-    check, opening its files) before a two-round start barrier; one of them then sets
-    the zero slightly in the future. The parent watches, never waits blindly: it polls
+    check, opening its files) before the start gate (:class:`StartGate`); once all
+    are prepared the parent sends them the zero, slightly in the future. The parent
+    watches, never waits blindly: it polls
     each worker's result pipe and process sentinel, so a worker that dies (a crash,
     SIGKILL, an error of any type) stops the run within seconds, with a one-line error
     that names it and its exit code, while the other workers flush what they recorded.
@@ -286,35 +325,37 @@ def replay_with_workers(
     """
     ctx = mp.get_context("spawn")
     n = config.workers
-    t0 = ctx.Value("q", 0)
-    barrier = ctx.Barrier(n)
     procs: list[Any] = []
     conns: list[mpc.Connection] = []
     lifelines: list[mpc.Connection] = []  # a worker's watch reads EOF when we die
+    starts: list[mpc.Connection] = []
     check_split(config)
     for k in range(n):
         cfg = worker_config(config, k)
         ours, theirs = ctx.Pipe(duplex=False)
         watch, life = ctx.Pipe(duplex=False)
+        start, go = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=_worker_main,
-            args=(str(trace_path), cfg, str(run_dir), meta, k, barrier, t0, theirs,
+            args=(str(trace_path), cfg, str(run_dir), meta, k, start, theirs,
                   (os.getpid(), watch)),
             name=f"replayer-worker-{k}",
         )  # fmt: skip
         p.start()
-        theirs.close()
-        watch.close()
+        for end in (theirs, watch, start):
+            end.close()
         procs.append(p)
         conns.append(ours)
         lifelines.append(life)
+        starts.append(go)
+    gate = StartGate(starts)
     reports = Reports(
         [f"worker {k} (pid {p.pid})" for k, p in enumerate(procs)],
         progress,
         stall_s=stall_s,
         interval_s=status_interval_s,
     )
-    watch_t0 = (reports, lambda: int(t0.value))
+    watch_t0 = (reports, lambda: gate.t0_ns)
     results: dict[int, tuple[str, Any]] = {}
     interrupted = False
     previous = signal.getsignal(signal.SIGTERM)
@@ -327,12 +368,12 @@ def replay_with_workers(
         signal.signal(signal.SIGTERM, forward_sigterm)
     try:
         try:
-            _watch(procs, conns, results, barrier, watch_t0)
+            _watch(procs, conns, results, gate, watch_t0)
         except KeyboardInterrupt:
             # Ctrl-C reached the workers too (one process group); SIGTERM was
             # forwarded. Whoever has not stopped after a grace period is told.
             interrupted = True
-            _stop(procs, conns, results, barrier, reports, signal_now=False)
+            _stop(procs, conns, results, gate, reports, signal_now=False)
     finally:
         reports.close()
         with contextlib.suppress(ValueError):
@@ -342,6 +383,7 @@ def replay_with_workers(
             if p.is_alive():
                 p.kill()
                 p.join()
+        gate.abort()
         for c in (*conns, *lifelines):
             c.close()
     failure = _failure(procs, results)
@@ -381,6 +423,7 @@ def _poll(
     conns: list[mpc.Connection],
     results: dict[int, tuple[str, Any]],
     reports: Reports,
+    gate: StartGate,
 ) -> None:
     """Collect the reports and what finished: a result sent, or a process that
     ended without one."""
@@ -390,6 +433,8 @@ def _poll(
                 status, detail = conn.recv()
                 if status == "progress":
                     reports.add(k, detail)
+                elif status == "prepared":
+                    gate.prepared_by(k)
                 else:
                     results[k] = (status, detail)
         except (EOFError, OSError):
@@ -402,7 +447,7 @@ def _watch(
     procs: list[Any],
     conns: list[mpc.Connection],
     results: dict[int, tuple[str, Any]],
-    barrier: Any,
+    gate: StartGate,
     reporting: tuple[Reports, Callable[[], int]],
 ) -> None:
     reports, t0 = reporting
@@ -410,9 +455,9 @@ def _watch(
         waitables: list[Any] = [c for k, c in enumerate(conns) if k not in results]
         waitables += [p.sentinel for k, p in enumerate(procs) if k not in results]
         mpc.wait(waitables, timeout=_POLL_S)
-        _poll(procs, conns, results, reports)
+        _poll(procs, conns, results, reports, gate)
         if any(status not in ("ok", "interrupted") for status, _ in results.values()):
-            _stop(procs, conns, results, barrier, reports, signal_now=True)
+            _stop(procs, conns, results, gate, reports, signal_now=True)
             return
         reports.tick([k for k in range(len(procs)) if k not in results], t0())
 
@@ -428,14 +473,14 @@ def _stop(
     procs: list[Any],
     conns: list[mpc.Connection],
     results: dict[int, tuple[str, Any]],
-    barrier: Any,
+    gate: StartGate,
     reports: Reports,
     *,
     signal_now: bool,
 ) -> None:
     """Stop the workers still running: SIGTERM (now, or after a grace period for
     those already stopping on their own); they cancel, flush and report."""
-    barrier.abort()  # a worker waiting at the start gives up
+    gate.abort()  # a worker waiting at the start gives up
     if signal_now:
         _signal_running(procs, results)
     signalled = signal_now
@@ -446,7 +491,7 @@ def _stop(
             signalled = True
         with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: keep stopping
             mpc.wait([p.sentinel for p in procs], timeout=_POLL_S)
-        _poll(procs, conns, results, reports)
+        _poll(procs, conns, results, reports, gate)
 
 
 def _failure(procs: list[Any], results: dict[int, tuple[str, Any]]) -> str | None:

@@ -165,6 +165,21 @@ def test_analyze_errors_are_one_line(tmp_path: Path) -> None:
     assert "bad SLO" in result.output
 
 
+@pytest.mark.parametrize("command", ["analyze", "report"])
+def test_analyze_and_report_of_a_run_json_of_no_run_exit_2(
+    tmp_path: Path, command: str
+) -> None:
+    (tmp_path / "run.json").write_text('{"hello":1}')
+    out = ["-o", str(tmp_path / "r.html")] if command == "report" else []
+    result = CliRunner().invoke(main, [command, str(tmp_path), *out])
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"Error: {tmp_path}: not a run directory (run.json names no run_id and no "
+        "readable requests/part-*.parquet)\n"
+    )
+    assert not (tmp_path / "r.html").exists()
+
+
 @pytest.mark.parametrize("part", [None, b"PAR1 truncated"])
 def test_analyze_of_a_run_without_readable_rows_says_so(
     tmp_path: Path, make_run_dir: Callable[..., Path], part: bytes | None

@@ -241,6 +241,35 @@ def test_history_trend_refuses_mixed_trace_hashes_unless_mixed(
         assert "do not compare: 2 different" in out
 
 
+def test_history_trend_refusal_names_the_field_that_differs(
+    tmp_path: Path,
+    make_run_dir: Callable[..., Path],
+    make_meta: Callable[..., dict[str, Any]],
+) -> None:
+    # Runs alike but for their warm-up: only the protocol config tells them apart.
+    db = str(tmp_path / "h.duckdb")
+    for k in range(6):
+        run = _run(tmp_path / f"r{k}", make_run_dir, make_meta, run_id=f"r{k}", day=k)
+        meta = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps({**meta, "warmup_s": 10.0 * k}))
+        _cli("history", "add", str(run), "--db", db)
+    out = _cli("history", "trend", "ttft_p90", "--db", db, code=2).output
+    assert out == (
+        "Error: the selected runs do not compare: 6 different (trace hash, protocol, "
+        "protocol config, tool version) sets, which differ in protocol_config "
+        "(warmup_s=0.0; warmup_s=10.0; warmup_s=20.0; warmup_s=30.0; and 2 more); "
+        "narrow them with --trace / --label, or pass --mixed to draw them anyway\n"
+    )
+
+
+def test_history_regressions_fail_on_must_be_a_number(tmp_path: Path) -> None:
+    db = str(tmp_path / "h.duckdb")
+    for value in ("nan", "inf", "-1"):
+        res = _cli("history", "regressions", "--db", db, "--fail-on", value, code=2)
+        assert "--fail-on" in res.output
+        assert "Traceback" not in res.output
+
+
 def test_history_regressions_flags_a_planted_20pct_p90_ttft_regression(
     tmp_path: Path,
     make_run_dir: Callable[..., Path],
@@ -268,6 +297,21 @@ def test_history_regressions_flags_a_planted_20pct_p90_ttft_regression(
                    "--fail-on", "10", code=1)  # fmt: skip
     assert "FAIL" in failing.output
     assert "H100" in failing.output
+    # A delta and its CI in one unit: ms beside ms, % beside %.
+    (row,) = [
+        ln
+        for ln in failing.output.splitlines()
+        if "H100" in ln and "ttft_ms_p90" in ln and "predecessor" in ln
+    ]
+    ms_delta = (f"{h100['delta']:+,.2f} [{h100['ci_low']:+,.2f}, "
+                f"{h100['ci_high']:+,.2f}]")  # fmt: skip
+    pct = (f"{h100['delta_pct']:+,.1f} [{h100['ci_low_pct']:+,.1f}, "
+           f"{h100['ci_high_pct']:+,.1f}]")  # fmt: skip
+    assert ms_delta in " ".join(row.split())
+    assert pct in " ".join(row.split())
+    assert h100["ci_low_pct"] == pytest.approx(h100["ci_low"] / h100["a"] * 100)
+    assert "delta (ms)" in failing.output
+    assert "95% CI (%)" in failing.output
     _cli("history", "regressions", "--db", db, "--resamples", "400", "--fail-on", "40")
     # Against a baseline: the H100 configuration's run of engine 1.0.
     base = _json("history", "regressions", "--db", db, "--resamples", "400",

@@ -86,6 +86,23 @@ def test_load_run_corrupt_run_json_falls_back(
     assert any("run.json" in p for p in run.problems)
 
 
+def test_load_run_json_of_no_run_is_not_a_run(
+    tmp_path: Path,
+    rec: Callable[..., RequestRecord],
+    make_run_dir: Callable[..., Path],
+) -> None:
+    (tmp_path / "hello").mkdir()
+    (tmp_path / "hello" / "run.json").write_text('{"hello": 1}')
+    with pytest.raises(AnalysisError, match=r"run\.json names no run_id"):
+        load_run(tmp_path / "hello")
+    # Beside rows, the part files' copy is used: nothing recorded is lost.
+    path = make_run_dir(tmp_path / "r", [rec()])
+    (path / "run.json").write_text('{"hello": 1}')
+    run = load_run(path)
+    assert (run.meta.run_id, len(run.requests)) == ("run-test", 1)
+    assert "run.json names no run_id; using the part files' copy" in run.problems
+
+
 def test_load_run_meta_round_trips_run_json(
     tmp_path: Path,
     rec: Callable[..., RequestRecord],

@@ -134,11 +134,18 @@ async def test_client_in_stream_error_event(aiohttp_server: Serve) -> None:
     assert "boom" in out.error_message
 
 
-async def test_client_read_timeout_between_chunks(aiohttp_server: Serve) -> None:
+@pytest.mark.parametrize("total_s", [None, 30.0])
+async def test_client_read_timeout_between_chunks(
+    aiohttp_server: Serve, total_s: float | None
+) -> None:
     fake = FakeLLM(stall_after=1, stall_s=2.0)
-    out = await _send(aiohttp_server, fake, n=4, read_timeout_s=0.3)
+    out = await _send(
+        aiohttp_server, fake, n=4, read_timeout_s=0.3, total_timeout_s=total_s
+    )
     assert out.status == "timeout"
     assert len(out.chunk_times_ns) == 1
+    # A read stall is labelled so, even beside a (longer) total timeout.
+    assert out.error_message == "read timeout"
 
 
 async def test_client_total_timeout(aiohttp_server: Serve) -> None:

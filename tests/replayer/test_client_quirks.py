@@ -195,3 +195,17 @@ async def test_server_closing_idle_keepalive_connections(aiohttp_server: Serve) 
     )
     assert [o.status for o in outs] == ["ok"] * 3, [o.error_message for o in outs]
     assert all(len(o.chunk_times_ns) == 2 for o in outs)
+
+
+async def test_choices_not_a_list_is_a_failed_request(aiohttp_server: Serve) -> None:
+    # Counted ok before: the string was walked as choices, and none had content.
+    chunks = [
+        b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n',
+        b'data: {"choices":"notalist"}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+    (out,) = await _send(aiohttp_server, chunks, "chat")
+    assert (out.status, out.error_type) == ("http_error", "stream_error")
+    assert out.error_message == (
+        "malformed SSE chunk: 'choices' is not a list: b'{\"choices\":\"notalist\"}'"
+    )

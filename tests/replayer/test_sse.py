@@ -57,6 +57,12 @@ def test_sse_error_and_malformed() -> None:
     assert parse_event([b'data: {"error":{"message":"bad"}}']).error == "bad"
     assert parse_event([b"data: {not json"]).error is not None
     assert not parse_event([b"data: [1,2]"]).has_content
+    # Choices that are not a list of objects: an error, not an ok chunk of no tokens.
+    for data in (b'{"choices":"notalist"}', b'{"choices": [1]}', b'{"choices":{}}'):
+        error = parse_event([b"data: " + data]).error
+        assert error is not None, data
+        assert error.startswith("malformed SSE chunk"), data
+    assert parse_event([b'data: {"choices":[],"usage":{}}']).error is None
 
 
 def test_sse_multiline_data_joined() -> None:

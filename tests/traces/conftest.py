@@ -154,5 +154,6 @@ def traces(draw: st.DrawFn, max_sessions: int = 4) -> Trace:
 
 @pytest.fixture(scope="session")
 def trace_strategy() -> st.SearchStrategy[Trace]:
-    """Random valid traces (draw with ``data.draw(trace_strategy)``)."""
-    return traces()
+    """Random valid traces (draw with ``data.draw(trace_strategy)``): a trace holds
+    at least one request, though a session may hold none."""
+    return traces().filter(lambda t: t.request_count() > 0)

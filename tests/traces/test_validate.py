@@ -51,6 +51,11 @@ def _write(path: Path, obj: object) -> Path:
         ({"type": "x"}, "type", "expected 'n', 's' or 'subagent'"),
         ({"t": "now"}, "t", "expected a number"),
         ({"api_time": -3}, "api_time", "must be >= 0"),
+        # Finite but absurd: stats printed 300 digits, a replay wrapped the gap to 0.
+        ({"think_time": 1e308}, "think_time", "must be <= 100,000,000"),
+        ({"think_time": 2**63 + 5}, "think_time", "must be <= 100,000,000"),
+        ({"t": 1e308}, "t", "must be <= 100,000,000"),
+        ({"tool_wait": 1e300}, "tool_wait", "must be <= 100,000,000"),
         ({"input_types": [1]}, "input_types", "list of strings"),
     ],
 )
@@ -148,6 +153,32 @@ def test_validate_mooncake_line_problems(tmp_path: Path) -> None:
     path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     got = {(p.line, p.field) for p in _problems(path)}
     assert got == {(2, "output_length"), (2, "hash_ids")}
+
+
+def test_validate_mooncake_absurd_timestamp(tmp_path: Path) -> None:
+    row = {"timestamp": 1e308, "input_length": 600, "output_length": 3}
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    (problem,) = _problems(path)
+    assert (problem.line, problem.field) == (1, "timestamp")
+
+
+def test_validate_subagent_absurd_duration_ms(tmp_path: Path) -> None:
+    sub = {"t": 1.0, "type": "subagent", "agent_id": "x", "requests": [_req()]}
+    reqs = [_req(), {**sub, "duration_ms": 1e308}, _req(t=2.0)]
+    (problem,) = _problems(_write(tmp_path / "s.json", _session(reqs=reqs)))
+    assert (problem.request_index, problem.field) == ("1", "duration_ms")
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [_session() | {"requests": []}, [_session() | {"requests": []}]],
+    ids=["session", "list"],
+)
+def test_validate_trace_of_no_requests(tmp_path: Path, obj: object) -> None:
+    path = _write(tmp_path / "s.json", obj)
+    (problem,) = _problems(path)
+    assert (problem.path, problem.reason) == (path, "trace holds no requests")
 
 
 def test_validate_real_weka_sample_is_clean(weka_dir: Path) -> None:

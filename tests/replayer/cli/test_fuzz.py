@@ -1,11 +1,6 @@
-"""CLI fuzz: hypothesis over every command's options, found on the click objects (a
-new option is covered without a line here): the exit status is 0, 1 or 2 and no
-output holds a traceback (docs/replaying.md, "Stopping, failures and exit status").
-
-Examples stay cheap: runs replay a 2-session trace in virtual time (`--virtual
-sim`), studies get one short cell, `generate` a few sessions, `sim` is stopped
-once it listens. URLs are loopback or do not parse: nothing leaves this machine.
-"""
+"""CLI fuzz over every command's options, found on the click objects: hypothesis over
+all of them, and each numeric one with nan, inf and huge values; the exit status is 0,
+1 or 2 and no output holds a traceback (docs/replaying.md, "Stopping, failures ...")."""
 
 from __future__ import annotations
 
@@ -32,6 +27,9 @@ from replayer.cli.params import HttpUrl, Quantity, ShellArgs
 from tests.builders import growing_session, trace_of
 from traces.io import write_trace
 
+# Examples stay cheap: runs replay a 2-session trace in virtual time (`--virtual
+# sim`), studies get one short cell, `generate` a few sessions, `sim` is stopped once
+# it listens. URLs are loopback or do not parse: nothing leaves this machine.
 EXAMPLES = 200
 
 
@@ -360,13 +358,14 @@ def _cheap(command: str, given: set[str], world: World) -> list[tuple[str, ...]]
 
 
 @contextlib.contextmanager
-def _stop_sim_once_listening(port: int) -> Iterator[None]:
+def _stop_sim_once_listening(port: int, patience_s: float = 20.0) -> Iterator[None]:
     """`sim` runs until SIGINT: send it once its port accepts (its own handler is
     installed by then, and it stops only on that signal)."""
     done = threading.Event()
 
     def watch() -> None:
-        for _ in range(1000):  # ~20 s: a sim that never listens is stopped anyway
+        # A sim that never listens (or on another port) is stopped anyway.
+        for _ in range(int(patience_s / 0.02)):
             if done.is_set():
                 return
             try:
@@ -470,3 +469,76 @@ def test_cli_fuzz_covers_every_command() -> None:
     # The walk finds the commands of groups too (trace ...), and the known ones.
     names = {" ".join(p) for p in COMMANDS}
     assert {"run", "sweep", "capacity", "sim", "trace validate", "generate"} <= names
+
+
+# -- numbers: every numeric option, the values that break arithmetic ---------------
+
+_NUMBERS = ["nan", "inf", "-inf", "-1e308", "1e308", str(2**63 + 5), "-0"]
+_NEVER_A_NUMBER = {"nan", "inf", "-inf"}  # whatever the option: exit status 2
+
+
+def _numeric_options(command: click.Command) -> list[click.Option]:
+    return [
+        p
+        for p in command.params
+        if isinstance(p, click.Option)
+        and not p.is_flag
+        and isinstance(p.type, click.types.IntParamType | click.types.FloatParamType)
+    ]
+
+
+NUMERIC = {path: _numeric_options(c) for path, c in COMMANDS.items()}
+
+
+def _base_argv(path: tuple[str, ...], flag: str, world: World) -> list[str]:
+    """The command with good positionals and required options, kept short, and
+    ``flag`` left for the value under test."""
+    name, command = " ".join(path), COMMANDS[path]
+    argv, given = list(path), {flag}
+    for param in command.params:
+        if param.required or isinstance(param, click.Argument):
+            good = _good(name, param, world) or _pool(name, param, world)
+            if isinstance(param, click.Option):
+                if max(param.opts, key=len) == flag:
+                    continue
+                given.add(max(param.opts, key=len))
+                argv.append(max(param.opts, key=len))
+            argv.append(good[0])
+    argv += [a for pair in _cheap(name, given, world) for a in pair]
+    return [world.new(a[3:]).as_posix() if a.startswith("NEW") else a for a in argv]
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p for p, options in NUMERIC.items() if options), ids=" ".join
+)
+def test_cli_fuzz_numeric_options_refuse_nan_inf_and_huge_without_traceback(
+    path: tuple[str, ...], world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each numeric option of the command (found on the click object: a new one is
+    covered) with each value of _NUMBERS: nan and inf are usage errors (exit 2), the
+    rest too or a run that ends (0, 1 or 2), never a traceback. A demo starts the
+    simulator and replays: only the values it refuses are run (its replay options
+    are `run`'s, run in virtual time)."""
+    monkeypatch.chdir(world.root)
+    command = COMMANDS[path]
+    for param in NUMERIC[path]:
+        flag = max(param.opts, key=len)
+        for value in _NUMBERS:
+            argv = [*_base_argv(path, flag, world), flag, value]
+            if path == ("demo",) and _parses(command, path, argv):
+                continue
+            guard = (
+                _stop_sim_once_listening(world.port, patience_s=3.0)
+                if path == ("sim",)
+                else contextlib.nullcontext()
+            )
+            with guard:
+                res = CliRunner().invoke(main, argv, catch_exceptions=True)
+            assert "Traceback" not in res.output, (argv, res.output)
+            assert res.exception is None or isinstance(res.exception, SystemExit), (
+                argv,
+                repr(res.exception),
+                res.output,
+            )
+            codes = (2,) if value in _NEVER_A_NUMBER else (0, 1, 2)
+            assert res.exit_code in codes, (argv, res.exit_code, res.output)

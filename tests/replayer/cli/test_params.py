@@ -38,6 +38,24 @@ def trace(tmp_path: Path) -> Path:
     )
 
 
+_LIST_OR_FACTOR = [
+    *(("sweep", "--concurrency", v, "expected a list like 1,2,4,8")
+      for v in ("1,,2", "1,2,", ",1", " , ")),
+    *(("run", "--output-scale", v, "")
+      for v in ("inf", "nan", "-inf", "1e308", "0", "-1")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "flag", "value", "says"), _LIST_OR_FACTOR)
+def test_cli_empty_list_values_and_non_finite_output_scale(
+    trace: Path, tmp_path: Path, command: str, flag: str, value: str, says: str
+) -> None:
+    out = tmp_path / "out"
+    res = _invoke(command, trace, "--virtual", "sim", flag, value, "--out", out)
+    _usage_error(res, flag, says, repr(value) if says else "")
+    assert not out.exists()
+
+
 _RUN_FLOATS = [
     "--think-scale", "--think-cap", "--tool-scale", "--duration", "--warmup",
     "--idle-skip", "--cache-warmup", "--speedup", "--session-rate", "--connect-timeout",
@@ -164,3 +182,18 @@ def test_cli_trace_validate_huge_token_counts(tmp_path: Path, value: int) -> Non
         res.output
     )
     assert "field 'out'" in res.output
+
+
+def test_cli_run_scaled_gap_past_int64_ns_waits_instead_of_wrapping(
+    tmp_path: Path,
+) -> None:
+    # 9e7 s (within a trace's bound) x --think-scale 1000 = 9e10 s: more ns than an
+    # int64 holds. It wrapped to a gap of 0 (with numpy's warning); it outlasts the run.
+    path = write_trace(
+        trace_of(growing_session("a", 2, think=9e7)), tmp_path / "t.jsonl"
+    )
+    out = tmp_path / "run"
+    res = _invoke("run", path, "--virtual", "sim", "--quiet", "--think-scale", "1000",
+                  "--duration", "5", "--out", out)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "1 requests (1 ok" in res.output

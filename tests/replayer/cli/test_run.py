@@ -3,6 +3,7 @@ run, sweep, demo, errors and interruption."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -548,6 +549,51 @@ def test_cli_run_kill_9_keeps_rows_and_server_metrics(tmp_path: Path) -> None:
     text = _cli("analyze", str(run_dir))
     assert "cache hit: prometheus" in text.stdout
     assert "raw scrape" in text.stdout
+
+
+def test_cli_run_kill_9_of_a_workers_parent_leaves_counts_and_no_leak(
+    tmp_path: Path,
+) -> None:
+    # Kill -9 of the parent alone: its workers and simulator are told by the kernel
+    # (and their lifeline pipes), flush, write their counts and exit on their own.
+    trace = _small_trace(tmp_path / "t.jsonl", sessions=4, turns=40, out=50)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            *REPLAYER, "run", str(trace), "--concurrency", "4", "--workers", "2",
+            "--out", str(run_dir), "--quiet", "--sim-args", "--speed 1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # the workers' too: EOF once every one has exited
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            parts = {p.name[:8] for p in (run_dir / "requests").glob("part-*.parquet")}
+            raw = list((run_dir / "server_metrics").glob("raw-*.parquet"))
+            if parts == {"part-000", "part-001"} and raw:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None
+        proc.kill()
+        proc.wait(timeout=30)
+        _, err = proc.communicate(timeout=60)  # the orphans are done
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "leaked" not in err, err
+    assert "Traceback" not in err, err
+    for k in range(2):
+        record = json.loads((run_dir / f"run-worker-00{k}.json").read_text())
+        assert record["counts"] is not None, k
+        assert record["counts"]["requests"] > 0
+        assert record["interrupted"] is True
+        assert record["end_unix_ns"] is not None
+    worker0 = json.loads((run_dir / "run-worker-000.json").read_text())
+    assert worker0["server_metrics"]["scrapes"] > 0  # its last flush came through
+    assert _cli("analyze", str(run_dir)).returncode == 0
 
 
 def test_cli_run_server_metrics_written_once_at_the_end(tmp_path: Path) -> None:

@@ -60,6 +60,30 @@ def test_cli_trace_validate_good_trace_exits_0(tmp_path: Path) -> None:
     assert result.stdout.startswith("ok: 1 sessions, 1 requests")
 
 
+@pytest.mark.parametrize("think", [1e308, 2**63 + 5])
+@pytest.mark.parametrize("command", ["stats", "run"])
+def test_cli_trace_absurd_think_time_is_refused_naming_where(
+    tmp_path: Path, think: float, command: str
+) -> None:
+    bad = json.loads(json.dumps(_GOOD))
+    bad["requests"].append({**bad["requests"][0], "t": 1, "think_time": think})
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(bad))
+    argv: list[str | Path] = (
+        ["trace", "stats", path] if command == "stats" else ["run", path]
+    )
+    if command == "run":
+        argv += ["--virtual", "sim", "--quiet", "--out", tmp_path / "run"]
+    result = _invoke(*argv)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"Error: {path}, session s1, request 1, field 'think_time': must be <= "
+        f"100,000,000 (~3 years; got {think:.6g})\n"
+    )
+    assert not (tmp_path / "run").exists()
+    assert _invoke("trace", "validate", path).exit_code == 1
+
+
 def test_cli_trace_stats_on_bad_file_is_one_line_exit_2(tmp_path: Path) -> None:
     result = _invoke("trace", "stats", _bad_folder(tmp_path))
     assert result.exit_code == 2
