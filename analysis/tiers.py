@@ -185,6 +185,42 @@ def _usage_summary(gpu: pd.Series, host: pd.Series) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _OkRows:
+    """The ok rows' columns the tier figures read, each read once (10M-row runs:
+    one float array a column, shared by the run, per-tree and over-time parts)."""
+
+    ok: np.ndarray  # over all rows
+    measured: np.ndarray  # over the ok rows: not warm-up
+    gpu: np.ndarray  # NaN where the row does not split its hits
+    host: np.ndarray
+    prompt: np.ndarray  # the server's count, else ours
+    known: np.ndarray  # gpu and host both said
+
+    @classmethod
+    def of(cls, df: pd.DataFrame) -> _OkRows:
+        ok = m.has_status(df, "ok")
+        gpu, host = row_split(df, ok)
+        return cls(
+            ok=ok,
+            measured=~m.is_warmup(df)[ok],
+            gpu=gpu,
+            host=host,
+            prompt=m.server_prompt(df, ok),
+            known=~np.isnan(gpu) & ~np.isnan(host),
+        )
+
+
+def _masked_rates(rows: _OkRows, mask: np.ndarray) -> tuple[float, float, float]:
+    """:func:`_rates` of the ok rows where ``mask``, with no copies."""
+    denom = float(np.sum(rows.prompt, where=mask))
+    if not mask.any() or denom <= 0:
+        return NAN, NAN, NAN
+    g = float(np.sum(rows.gpu, where=mask)) / denom
+    h = float(np.sum(rows.host, where=mask)) / denom
+    return g, h, g + h
+
+
 def tier_rates(
     df: pd.DataFrame,
     server_metrics: pd.DataFrame,
@@ -205,18 +241,17 @@ def tier_rates(
     said = all(c in df.columns and bool(df[c].notna().any()) for c in COLUMNS)
     if not said and not counters:
         return None
-    g = h = overall = NAN
-    if said:
-        keep = m.measured_ok(df)
-        gpu, host = row_split(df, keep)
-        g, h, overall = _rates(gpu, host, m.server_prompt(df, keep))
+    rows = _OkRows.of(df)
+    g, h, overall = _masked_rates(rows, rows.measured & rows.known)
     source = "rows"
     if math.isnan(g):
         if not counters:
             return None
         source = "counters"
         g, h, overall = counters["gpu"], counters["host"], counters["overall"]
-    ideal = m.ideal_hit_rate(df)
+    sent = m.kept_column(df, "prompt_tokens", rows.ok)
+    ideal_tokens = m.kept_column(df, "ideal_cached_tokens", rows.ok)
+    ideal = m.hit_rate(ideal_tokens[rows.measured], sent[rows.measured])
     gpu_use, host_use = usage_gauges(server_metrics)
     return TierRates(
         source=source,
@@ -227,41 +262,70 @@ def tier_rates(
         lru=None if lru is None else m.lru_hit_rate(df, lru),
         counters=counters,
         kv_usage=_usage_summary(gpu_use, host_use),
-        by_tree=by_tree(df) if source == "rows" else None,
-        over_time=over_time(df, server_metrics),
+        by_tree=_by_tree(df, rows, sent, ideal_tokens) if source == "rows" else None,
+        over_time=_over_time(df, rows, sent, ideal_tokens, gpu_use, host_use),
     )
+
+
+def _tree_codes(df: pd.DataFrame, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each kept row's session-tree code (-1: no id) and the trees' ids as text: the
+    categorical's own codes when the column is one (no string per row)."""
+    col = df["root_session_id"]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = np.asarray(col.array.codes)[keep]
+        names = np.asarray(col.cat.categories.astype(str), dtype=object)
+        return codes.astype(np.int64, copy=False), names
+    found, uniques = pd.factorize(col.to_numpy()[keep], use_na_sentinel=True)
+    return found.astype(np.int64, copy=False), np.asarray(
+        [str(u) for u in uniques], dtype=object
+    )
+
+
+def _binned(bins: np.ndarray, n: int, *weights: np.ndarray) -> list[np.ndarray]:
+    """Per bin 0..n-1 (n: the rows left out): the count of rows and each weight's
+    sum; ``bins`` and the weights are whole columns (no subsets copied)."""
+    out = [np.bincount(bins, minlength=n + 1)[:n].astype(np.float64)]
+    out += [np.bincount(bins, weights=w, minlength=n + 1)[:n] for w in weights]
+    return out
 
 
 def by_tree(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per session tree: its ok, measured rows' GPU, host, overall and
-    ideal hit rates (the run's formulas on the tree's rows)."""
-    keep = m.measured_ok(df)
-    gpu, host = row_split(df, keep)
-    frame = pd.DataFrame(
-        {
-            "root_session_id": df["root_session_id"].astype(str).to_numpy()[keep],
-            "prompt": m.server_prompt(df, keep),
-            "sent": m.kept_column(df, "prompt_tokens", keep),
-            "gpu": gpu,
-            "host": host,
-            "ideal": m.kept_column(df, "ideal_cached_tokens", keep),
-        }
+    """One row per session tree (by id): its ok, measured rows' GPU, host, overall
+    and ideal hit rates (the run's formulas on the tree's rows that report the
+    split)."""
+    rows = _OkRows.of(df)
+    return _by_tree(
+        df,
+        rows,
+        m.kept_column(df, "prompt_tokens", rows.ok),
+        m.kept_column(df, "ideal_cached_tokens", rows.ok),
     )
-    known = frame["gpu"].notna() & frame["host"].notna()
-    frame = frame[known]
-    g = frame.groupby("root_session_id", sort=True)
-    sums = g[["prompt", "sent", "gpu", "host", "ideal"]].sum()
-    out = pd.DataFrame(
-        {
-            "root_session_id": sums.index.to_numpy(),
-            "requests": g.size().to_numpy(),
-            "gpu": (sums["gpu"] / sums["prompt"]).to_numpy(),
-            "host": (sums["host"] / sums["prompt"]).to_numpy(),
-            "overall": ((sums["gpu"] + sums["host"]) / sums["prompt"]).to_numpy(),
-            "ideal": (sums["ideal"] / sums["sent"]).to_numpy(),
-        }
-    )
-    return out
+
+
+def _by_tree(
+    df: pd.DataFrame, rows: _OkRows, sent: np.ndarray, ideal: np.ndarray
+) -> pd.DataFrame:
+    """:func:`by_tree` on the columns read: sums by the trees' codes, no group-by."""
+    codes, names = _tree_codes(df, rows.ok)
+    n = len(names)
+    left_out = ~(rows.measured & rows.known) | (codes < 0)
+    codes[left_out] = n  # a bin of its own, dropped
+    # The NaNs of rows that do not split their hits fall in the dropped bin only.
+    count, p, g, h, s, i = _binned(codes, n, rows.prompt, rows.gpu, rows.host,
+                                   sent, ideal)  # fmt: skip
+    present = np.flatnonzero(count > 0)
+    order = present[np.argsort(names[present].astype(str), kind="stable")]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return pd.DataFrame(
+            {
+                "root_session_id": names[order],
+                "requests": count[order].astype(np.int64),
+                "gpu": g[order] / p[order],
+                "host": h[order] / p[order],
+                "overall": (g[order] + h[order]) / p[order],
+                "ideal": i[order] / s[order],
+            }
+        )
 
 
 def over_time(
@@ -271,40 +335,62 @@ def over_time(
     interval's GPU, host, overall and ideal hit rates (rows that report the split),
     and the KV usage gauges of both tiers averaged over its scrapes (NaN where
     none)."""
-    ok = m.has_status(df, "ok")
-    start = m.column(df, "start_ns")[ok]
+    rows = _OkRows.of(df)
+    gpu_use, host_use = usage_gauges(server_metrics)
+    return _over_time(
+        df,
+        rows,
+        m.kept_column(df, "prompt_tokens", rows.ok),
+        m.kept_column(df, "ideal_cached_tokens", rows.ok),
+        gpu_use,
+        host_use,
+        bins,
+    )
+
+
+def _over_time(
+    df: pd.DataFrame,
+    rows: _OkRows,
+    sent: np.ndarray,
+    ideal: np.ndarray,
+    gpu_use: pd.Series,
+    host_use: pd.Series,
+    bins: int = OVER_TIME_BINS,
+) -> pd.DataFrame:
+    """:func:`over_time` on the columns read: sums by interval."""
+    start = m.kept_column(df, "start_ns", rows.ok)
     if start.size == 0 or np.isnan(start).all():
         return pd.DataFrame(columns=["start_s", "end_s", "requests", "gpu", "host",
                                      "overall", "ideal", "gpu_kv_usage",
                                      "host_kv_usage"])  # fmt: skip
     lo, hi = float(np.nanmin(start)), float(np.nanmax(start))
     edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
-    which = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, bins - 1)
-    gpu, host = row_split(df, ok)
-    prompt = m.server_prompt(df, ok)
-    ideal = m.kept_column(df, "ideal_cached_tokens", ok)
-    sent = m.kept_column(df, "prompt_tokens", ok)
-    gpu_use, host_use = usage_gauges(server_metrics)
-    rows = []
+    # Each row's interval: past the first edge (start >= lo), the last one closed.
+    which = np.searchsorted(edges, start, side="right")
+    del start
+    which -= 1
+    np.minimum(which, bins - 1, out=which)
+    requests, s, i = _binned(which, bins, sent, ideal)
+    which[~rows.known] = bins  # rows that do not split their hits: dropped
+    said, p, g, h = _binned(which, bins, rows.prompt, rows.gpu, rows.host)
+    out = []
     for b in range(bins):
-        sel = which == b
-        g, h, overall = _rates(gpu[sel], host[sel], prompt[sel])
-        denom = float(sent[sel].sum())
+        rated = bool(said[b] > 0 and p[b] > 0)
         lo_ns, hi_ns = edges[b], edges[b + 1]
-        rows.append(
+        out.append(
             {
                 "start_s": lo_ns / 1e9,
                 "end_s": hi_ns / 1e9,
-                "requests": int(sel.sum()),
-                "gpu": g,
-                "host": h,
-                "overall": overall,
-                "ideal": float(ideal[sel].sum()) / denom if denom > 0 else NAN,
+                "requests": int(requests[b]),
+                "gpu": g[b] / p[b] if rated else NAN,
+                "host": h[b] / p[b] if rated else NAN,
+                "overall": (g[b] + h[b]) / p[b] if rated else NAN,
+                "ideal": float(i[b]) / s[b] if s[b] > 0 else NAN,
                 "gpu_kv_usage": _mean_within(gpu_use, lo_ns, hi_ns),
                 "host_kv_usage": _mean_within(host_use, lo_ns, hi_ns),
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(out)
 
 
 def _mean_within(series: pd.Series, lo_ns: float, hi_ns: float) -> float:

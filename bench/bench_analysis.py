@@ -2,7 +2,7 @@
 against a naive pandas implementation of the headline figures, both codes back to
 back in fresh processes (peak RSS of each its own).
 
-    python bench/bench_analysis.py [--rows 10000000] [--repeats 3] [--dir DIR]
+    python bench/bench_analysis.py [--rows 10000000] [--repeats 3] [--dir DIR] [--tiers]
         [--part-rows 1000000] [--compact] [--compression lz4] [--no-baseline]
         [--full-load]
 
@@ -62,7 +62,10 @@ from replayer.records.parts import (
 MS = 1_000_000
 
 
-def synthetic_table(n: int, seed: int = 0) -> pa.Table:
+def synthetic_table(n: int, seed: int = 0, *, tiers: bool = False) -> pa.Table:
+    """The rows; ``tiers``: with per-tier hits (3/4 of the cached tokens from the
+    GPU, the rest from the host), as a server that reports them gives; else null
+    there, as most servers leave them."""
     rng = np.random.default_rng(seed)
     per = 50
     sess = np.arange(n) // per
@@ -136,6 +139,11 @@ def synthetic_table(n: int, seed: int = 0) -> pa.Table:
         "primer": pa.array(np.zeros(n, bool)),
         "replay_index": pa.array(np.zeros(n, np.int32)),
         "live_drift_tokens": null_i64,
+        "cached_gpu_tokens": pa.array((prompt * 0.6).astype(np.int64))
+        if tiers else null_i64,
+        "cached_host_tokens": pa.array(
+            (prompt * 0.8).astype(np.int64) - (prompt * 0.6).astype(np.int64)
+        ) if tiers else null_i64,
     }  # fmt: skip
     cols["connect_ns"] = cols["pool_wait_ns"]  # after the draws: same data as before
     assert list(cols) == RECORD_SCHEMA.names
@@ -195,11 +203,12 @@ def write_run(
     *,
     compact: bool = False,
     compression: str = PART_COMPRESSION,
+    tiers: bool = False,
 ) -> None:
     """The synthetic rows as a run directory: part files + run.json, with the
     recorder's column types (ids as strings). With ``compact`` the parts are then
     joined as the recorder joins them when a run ends (``compact_parts``)."""
-    table = synthetic_table(rows)
+    table = synthetic_table(rows, tiers=tiers)
     (path / "requests").mkdir(parents=True, exist_ok=True)
     meta = RunMeta(run_id="bench")
     count = 0
@@ -296,6 +305,12 @@ def main() -> None:
         default=PART_COMPRESSION,
         help="of the part files (zstd: as earlier versions wrote them)",
     )
+    ap.add_argument(
+        "--tiers",
+        action="store_true",
+        help="rows with per-tier hits (cached_gpu/host_tokens), as vLLM and SGLang "
+        "report them; without, those columns are null",
+    )
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--full-load", action="store_true")
     ap.add_argument("--child", choices=sorted(LABELS), help=argparse.SUPPRESS)
@@ -303,6 +318,7 @@ def main() -> None:
     path = args.dir or Path(tempfile.gettempdir()) / (
         f"bench-analysis-{args.rows}-{args.part_rows}-{args.compression}"
         + ("-compact" if args.compact else "")
+        + ("-tiers" if args.tiers else "")
     )
     if args.child:
         _say(json.dumps(child(args.child, path)))
@@ -320,6 +336,7 @@ def main() -> None:
             args.part_rows,
             compact=args.compact,
             compression=args.compression,
+            tiers=args.tiers,
         )
         _say(f"wrote {args.rows:,} rows to {path} in {time.perf_counter() - t:.1f} s")
     codes = ["ours"] + ([] if args.no_baseline else ["naive"])
