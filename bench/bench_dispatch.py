@@ -62,12 +62,14 @@ def main() -> None:
                     r = run_level(code, args.trace, lanes, args.duration, out)
                     got.setdefault((str(code), lanes), []).append(r)
                     print(f"{code.name} c{lanes}: {r}", file=sys.stderr, flush=True)
-    print("| code | lanes | dispatch lag P50 ms | P99 ms | loop CPU (of a core) | verdict |")
+    print("| code | lanes | dispatch lag P50 ms | P99 ms | loop CPU | verdict |")
     print("|---|---:|---:|---:|---:|---|")
     for lanes in levels:
         for code in codes:
             rs = got[(str(code), lanes)]
-            med = {k: statistics.median(r[k] for r in rs) for k in ("p50", "p99", "cpu")}
+            med = {
+                k: statistics.median(r[k] for r in rs) for k in ("p50", "p99", "cpu")
+            }
             limited = [r for r in rs if r["limited"]]
             verdict = (
                 f"CLIENT-LIMITED ({len(limited)}/{len(rs)}): {limited[0]['reasons'][0]}"
