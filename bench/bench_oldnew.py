@@ -107,7 +107,7 @@ def main() -> None:
                     p = Path(tmp) / f"t{n}-{osl}.jsonl"
                     env = {**os.environ, "PYTHONPATH": str(args.old)}
                     make = [sys.executable, "-c", _MAKE, str(p), str(n), str(osl)]
-                    subprocess.run(make, env=env, check=True)
+                    subprocess.run(make, env=env, cwd=args.old, check=True)
                     traces[(n, osl)] = p
             big = traces.get((32000, 16))
             for rep in range(args.reps):
@@ -124,7 +124,12 @@ def main() -> None:
                         env = {**os.environ, "PYTHONPATH": str(code)}
                         cmd = [sys.executable, "-c", _READ, str(big)]
                         got = subprocess.run(
-                            cmd, env=env, check=True, capture_output=True, text=True
+                            cmd,
+                            env=env,
+                            cwd=code,  # `-c` puts the working folder on sys.path
+                            check=True,
+                            capture_output=True,
+                            text=True,
                         ).stdout.split()
                         reads.setdefault(who, []).append((float(got[0]), float(got[1])))
                         print(f"rep {rep} read_trace {who}: {got}", file=sys.stderr)

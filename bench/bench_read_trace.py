@@ -47,13 +47,14 @@ def main() -> None:
         trace = Path(tmp) / "t.jsonl"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         cmd = [sys.executable, "-c", _MAKE, str(trace), str(args.sessions)]
-        subprocess.run(cmd, env=env, check=True)
+        subprocess.run(cmd, env=env, cwd=ROOT, check=True)
         for _ in range(args.reps):
             for code in codes:
                 env = {**os.environ, "PYTHONPATH": str(code)}
                 out = subprocess.run(
                     [sys.executable, "-c", _READ, str(trace)],
                     env=env,
+                    cwd=code,  # `-c` puts the working folder first on sys.path
                     check=True,
                     capture_output=True,
                     text=True,
