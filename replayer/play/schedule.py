@@ -45,15 +45,24 @@ class _Trees:
     ahead (``PromptBuilder.prefetch``) as each is taken, so a tree starting at once
     (a freed lane, an arrival) does not wait for it."""
 
-    def __init__(self, ctx: RunContext, trace: Trace) -> None:
+    def __init__(self, ctx: RunContext, trace: Trace, mid_start: int = 0) -> None:
         self._ctx = ctx
         self._it = _trees(trace, ctx.config.loop)
         self._next = next(self._it, None)
+        # The first trees that start mid-session (start_ratio): their first request
+        # is not the one sent (first_prompts builds theirs).
+        self._mid_start = mid_start
+        self._taken = 0
 
     def take(self) -> tuple[Session, int] | None:
         got, self._next = self._next, next(self._it, None)
+        self._taken += 1
         nxt = self._next
-        if nxt is not None and not self._ctx.config.live_assistant:
+        if (
+            nxt is not None
+            and self._taken >= self._mid_start
+            and not self._ctx.config.live_assistant
+        ):
             root, replay = nxt
             self._ctx.prompts.prefetch(root, 0, root.hash_namespace(), replay)
         return got
@@ -155,8 +164,9 @@ async def _start_trees(ctx: RunContext, trace: Trace, start: _Start) -> None:
     cfg = ctx.config
     clock = ctx.clock
     stop = ctx.stop
-    trees = _Trees(ctx, trace)
     schedule = cfg.schedule
+    mid = schedule.concurrency if isinstance(schedule, Lanes) and cfg.start_ratio else 0
+    trees = _Trees(ctx, trace, mid)
     if isinstance(schedule, Lanes):
         ratio = cfg.start_ratio
         start_at = _lane_start_points(cfg, ctx.worker_id, schedule.concurrency)
