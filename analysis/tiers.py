@@ -284,7 +284,7 @@ def _tree_codes(df: pd.DataFrame, keep: np.ndarray) -> tuple[np.ndarray, np.ndar
 def _binned(bins: np.ndarray, n: int, *weights: np.ndarray) -> list[np.ndarray]:
     """Per bin 0..n-1 (n: the rows left out): the count of rows and each weight's
     sum; ``bins`` and the weights are whole columns (no subsets copied)."""
-    out = [np.bincount(bins, minlength=n + 1)[:n].astype(np.float64)]
+    out: list[np.ndarray] = [np.bincount(bins, minlength=n + 1)[:n].astype(np.float64)]
     out += [np.bincount(bins, weights=w, minlength=n + 1)[:n] for w in weights]
     return out
 

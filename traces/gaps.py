@@ -50,6 +50,15 @@ class GapRule:
         if not self.tool_scale >= 0 or math.isinf(self.tool_scale):
             raise ValueError(f"tool scale must be >= 0 (got {self.tool_scale})")
 
+    def gap_s(self, think_s: float, tool_s: float | None) -> float:
+        """One request's gap, seconds (``gaps_s``'s arithmetic on one value: the
+        same floats)."""
+        tool = min(max(0.0 if tool_s is None else tool_s, 0.0), max(think_s, 0.0))
+        other = max(think_s - tool, 0.0) * self.think_scale
+        if self.think_cap_s is not None:
+            other = min(other, self.think_cap_s)
+        return other + tool * self.tool_scale
+
     def gaps_s(self, requests: Sequence[Request]) -> npt.NDArray[np.float64]:
         """The gap before each of ``requests`` (one session's), seconds."""
         think = request_column(requests, "think_time_s").astype(np.float64)

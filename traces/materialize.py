@@ -221,11 +221,14 @@ class Materializer:
             _, old = self._cache.popitem(last=False)
             self._cache_bytes -= len(old) + _ENTRY_BYTES
 
-    def _joined(self, namespace: str, hash_ids: list[int], n: int) -> bytes:
+    def _joined(
+        self, namespace: str, hash_ids: list[int], n: int, *, keep: bool = True
+    ) -> bytes:
         """The comma-joined fragments of ``hash_ids``' full blocks. A session's next
         turn re-sends its history: the longest prefix already joined for a recent
         prompt of the namespace is reused, and only the blocks past it are looked
-        up. Bounded by a quarter of ``cache_bytes`` (least recent out)."""
+        up. Bounded by a quarter of ``cache_bytes`` (least recent out). ``keep``:
+        whether this join is kept for later prompts to extend."""
         if not hash_ids:
             return b""
         key = (namespace, n)
@@ -245,8 +248,9 @@ class Materializer:
             joined = b"".join((best[1], b",", b",".join(rest)))  # one copy
         else:
             joined = b",".join(self._fragments(namespace, hash_ids, n))
-        with self._lock:
-            self._joins.add(key, (hash_ids, joined))
+        if keep:
+            with self._lock:
+                self._joins.add(key, (hash_ids, joined))
         return joined
 
     def _fragment(self, namespace: str, hash_id: int, n: int) -> bytes:
@@ -356,7 +360,10 @@ class Materializer:
                 session, request_index, ns, ids, bt, keep, dropped, replies or {}
             )
         whole = min(n_full, keep // bt)
-        head = self._joined(ns, ids[:whole], bt)
+        # A session's last prompt, with no subagent to extend it, extends nothing
+        # later: its join is not kept (one-request sessions would fill the store).
+        later = request_index < len(session.requests) - 1 or bool(session.subagents)
+        head = self._joined(ns, ids[:whole], bt, keep=later)
         frags = [head] if head else []
         left = keep - whole * bt
         if left > 0 and whole < n_full:  # cut inside a block: its head

@@ -36,6 +36,29 @@ def frozen(values: npt.ArrayLike, dtype: type[np.generic]) -> npt.NDArray[Any]:
     return arr
 
 
+_ZERO_CODES: dict[int, CodeArray] = {}
+
+
+def _zero_codes(n: int) -> CodeArray:
+    """A read-only int32 array of ``n`` zeros, shared by every small one-value column
+    (tables of one-request sessions would otherwise build thousands of them)."""
+    codes = _ZERO_CODES.get(n)
+    if codes is None:
+        codes = np.zeros(n, dtype=np.int32)
+        codes.setflags(write=False)
+        if n <= 1024:
+            _ZERO_CODES[n] = codes
+    return codes
+
+
+def _column(values: list[Any], dtype: type[np.generic]) -> npt.NDArray[Any]:
+    """A fresh read-only 1-D array of ``values`` (what :func:`frozen` makes of a list,
+    without the view)."""
+    arr = np.array(values, dtype=dtype)
+    arr.setflags(write=False)
+    return arr
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Labels(Generic[T]):
     """A column of few distinct values: int32 codes into ``values``."""
@@ -46,6 +69,8 @@ class Labels(Generic[T]):
     @classmethod
     def of(cls, items: Sequence[T]) -> Labels[T]:
         """Encode ``items`` (values in order of first appearance)."""
+        if items and items.count(items[0]) == len(items):  # one value: the usual case
+            return cls(_zero_codes(len(items)), (items[0],))
         values = tuple(dict.fromkeys(items))
         index = {v: k for k, v in enumerate(values)}
         codes = np.fromiter(map(index.__getitem__, items), np.int32, count=len(items))
@@ -305,44 +330,60 @@ class RequestTable:
         boundaries: chains never span sessions)."""
         reqs = list(requests)
         chains = ChainBuilder()
-        offsets = np.zeros(len(reqs), dtype=np.int64)
         breaks = set(chain_breaks)
+        offsets: list[int] = []
         for i, r in enumerate(reqs):
             if i in breaks:
                 chains.restart()
-            offsets[i] = chains.add(r.hash_ids)
+            offsets.append(chains.add(r.hash_ids))
         nan = float("nan")
         parts = {
-            name: np.array(
+            name: _column(
                 [nan if (v := getattr(r, name)) is None else v for r in reqs],
-                dtype=np.float64,
+                np.float64,
             )
             for name in GAP_PARTS
             if any(getattr(r, name) is not None for r in reqs)
         }
-        return cls(
-            input_tokens=np.array([r.input_tokens for r in reqs], dtype=np.int64),
-            output_tokens=np.array([r.output_tokens for r in reqs], dtype=np.int64),
-            t_s=np.array([r.t_s for r in reqs], dtype=np.float64),
-            think_time_s=np.array([r.think_time_s for r in reqs], dtype=np.float64),
-            api_time_s=np.array(
-                [nan if r.api_time_s is None else r.api_time_s for r in reqs],
-                dtype=np.float64,
+        extra = {i: r.extra for i, r in enumerate(reqs) if r.extra}
+        # Every column is built here with its dtype, read-only and of one length, and
+        # the offsets lie inside the buffer by construction: __post_init__'s checks and
+        # conversions (most of the cost of a small session's table) are skipped.
+        table: RequestTable = object.__new__(cls)
+        for name, value in (
+            ("input_tokens", _column([r.input_tokens for r in reqs], np.int64)),
+            ("output_tokens", _column([r.output_tokens for r in reqs], np.int64)),
+            ("t_s", _column([r.t_s for r in reqs], np.float64)),
+            ("think_time_s", _column([r.think_time_s for r in reqs], np.float64)),
+            (
+                "api_time_s",
+                _column(
+                    [nan if (v := r.api_time_s) is None else v for r in reqs],
+                    np.float64,
+                ),
             ),
-            ttft_s=np.array(
-                [nan if r.ttft_s is None else r.ttft_s for r in reqs], dtype=np.float64
+            (
+                "ttft_s",
+                _column(
+                    [nan if (v := r.ttft_s) is None else v for r in reqs], np.float64
+                ),
             ),
-            kind=Labels.of([r.kind for r in reqs]),
-            model=Labels.of([r.model for r in reqs]),
-            stop=Labels.of([r.stop for r in reqs]),
-            input_types=Labels.of([r.input_types for r in reqs]),
-            output_types=Labels.of([r.output_types for r in reqs]),
-            blocks=chains.buffer(),
-            ids_offset=offsets,
-            n_blocks=np.array([r.hash_ids.size for r in reqs], dtype=np.int64),
-            extra={i: r.extra for i, r in enumerate(reqs) if r.extra},
-            **parts,
-        )
+            ("kind", Labels.of([r.kind for r in reqs])),
+            ("model", Labels.of([r.model for r in reqs])),
+            ("stop", Labels.of([r.stop for r in reqs])),
+            ("input_types", Labels.of([r.input_types for r in reqs])),
+            ("output_types", Labels.of([r.output_types for r in reqs])),
+            ("blocks", chains.buffer()),
+            ("ids_offset", _column(offsets, np.int64)),
+            ("n_blocks", _column([r.hash_ids.size for r in reqs], np.int64)),
+            ("extra", extra),
+            ("tool_wait_s", parts.get("tool_wait_s")),
+            ("human_wait_s", parts.get("human_wait_s")),
+            ("extra_rows", _column(sorted(i for i, e in extra.items()), np.int64)),
+            ("_built", {}),
+        ):
+            object.__setattr__(table, name, value)
+        return table
 
 
 class ChainBuilder:

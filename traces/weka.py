@@ -170,7 +170,7 @@ def _str_list(
     ctx: _Ctx, obj: Mapping[str, Any], key: str, index: str | None
 ) -> tuple[str, ...]:
     v = obj.get(key)
-    if v is None:
+    if not v and (v is None or v == []):  # absent or empty: the usual case
         return ()
     if isinstance(v, list) and all(isinstance(x, str) for x in v):
         return tuple(v)
@@ -235,9 +235,10 @@ def _parse_request(
     think = _number(ctx, obj, "think_time", index) or 0.0
     tool = _number(ctx, obj, "tool_wait", index)
     human = _number(ctx, obj, "human_wait", index)
-    past = parts_past_gap(think, tool or 0.0, human or 0.0)
-    if past is not None:
-        ctx.add(index, "tool_wait", past)
+    if tool is not None or human is not None:
+        past = parts_past_gap(think, tool or 0.0, human or 0.0)
+        if past is not None:
+            ctx.add(index, "tool_wait", past)
     return Request(
         input_tokens=in_tokens,
         output_tokens=out_tokens,
@@ -337,7 +338,7 @@ def _parse_subagent(
     )
     session = Session(
         session_id=sid,
-        requests=table_of(reqs),
+        requests=_held(reqs),
         subagents=tuple(subs),
         block_size=block_size,
         hash_id_scope="local",
@@ -395,7 +396,7 @@ def parse_session(
     extra = {k: v for k, v in obj.items() if k not in _SESSION_KEYS}
     session = Session(
         session_id=sid,
-        requests=table_of(reqs),
+        requests=_held(reqs),
         subagents=tuple(subs),
         block_size=block_size,
         hash_id_scope=scope,
@@ -410,6 +411,13 @@ def parse_session(
         # Inconsistent totals are kept verbatim so a round trip stays lossless.
         session = _with_extra(session, {**extra, "totals": totals})
     return session, ctx.problems
+
+
+def _held(reqs: list[Request]) -> Sequence[Request]:
+    """A parsed session's requests as it holds them: rows of a table of its own when
+    it has several (a growing prompt stored once), else a tuple (one request shares
+    nothing, and a table of its own costs more to build and hold than the request)."""
+    return table_of(reqs) if len(reqs) > 1 else tuple(reqs)
 
 
 def _with_extra(session: Session, extra: dict[str, Any]) -> Session:

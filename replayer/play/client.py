@@ -65,6 +65,10 @@ class Outcome:
     last_byte_ns: int = 0  # the latest byte of the answer (0: none arrived)
     # The response's --session-token-header value (None: none); never recorded.
     session_token: str | None = None
+    # Before the send, where the caller stamps them (0: not): when it woke up to
+    # send, and when the body was ready (the prompt built).
+    woke_ns: int = 0
+    built_ns: int = 0
 
     def end_phase(self, now_ns: int) -> None:
         """Close the open slot wait or connect at ``now_ns``: the connector's end

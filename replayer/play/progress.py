@@ -53,6 +53,11 @@ class RunCounters:
     connects_ns: array.array[int] = field(default_factory=lambda: array.array("q"))
     # ... and how late it was sent: start_ns - scheduled_ns (same order).
     dispatch_lags_ns: array.array[int] = field(default_factory=lambda: array.array("q"))
+    # ... and two of its parts, where the session stamps them (same order, both or
+    # neither): the wake-up's lateness (the loop) and building the prompt (with its
+    # wait for the build thread).
+    wake_lags_ns: array.array[int] = field(default_factory=lambda: array.array("q"))
+    build_waits_ns: array.array[int] = field(default_factory=lambda: array.array("q"))
     client_limit: str | None = None  # the self-check's latest reason, if any
 
     def count(self, status: RequestStatus) -> None:

@@ -11,8 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
-from replayer.config import Lanes, RateArrivals, TraceTimestamps
-from replayer.play.session import RunContext, play_tree
+from replayer.config import Lanes, RateArrivals, ReplayConfig, TraceTimestamps
+from replayer.play.session import RunContext, play_tree, start_index
 from traces.model import Session, Trace
 
 
@@ -38,6 +38,67 @@ def _trees(trace: Trace, loop: bool) -> Iterator[tuple[Session, int]]:
     for replay in itertools.count() if loop else (0,):
         for s in trace.sessions:
             yield s, replay
+
+
+class _Trees:
+    """The trees still to start, in order; the next one's first prompt is built
+    ahead (``PromptBuilder.prefetch``) as each is taken, so a tree starting at once
+    (a freed lane, an arrival) does not wait for it."""
+
+    def __init__(self, ctx: RunContext, trace: Trace, mid_start: int = 0) -> None:
+        self._ctx = ctx
+        self._it = _trees(trace, ctx.config.loop)
+        self._next = next(self._it, None)
+        # The first trees that start mid-session (start_ratio): their first request
+        # is not the one sent (first_prompts builds theirs).
+        self._mid_start = mid_start
+        self._taken = 0
+
+    def take(self) -> tuple[Session, int] | None:
+        got, self._next = self._next, next(self._it, None)
+        self._taken += 1
+        nxt = self._next
+        if (
+            nxt is not None
+            and self._taken >= self._mid_start
+            and not self._ctx.config.live_assistant
+        ):
+            root, replay = nxt
+            self._ctx.prompts.prefetch(root, 0, root.hash_namespace(), replay)
+        return got
+
+    def __iter__(self) -> Iterator[tuple[Session, int]]:
+        while (got := self.take()) is not None:
+            yield got
+
+
+def _lane_start_points(cfg: ReplayConfig, worker_id: int, lanes: int) -> list[float]:
+    """Each lane's start fraction into its first tree (``start_ratio``), seeded per
+    lane: the same seed gives the same start points."""
+    lo, hi = cfg.start_ratio or (0.0, 0.0)
+    rng = np.random.default_rng([cfg.seed, worker_id])
+    return [float(x) for x in rng.uniform(lo, hi, size=lanes)]
+
+
+def first_prompts(
+    trace: Trace, cfg: ReplayConfig, worker_id: int
+) -> list[tuple[Session, int, str, int]]:
+    """The prompts sent the moment the run starts (session, request index, namespace,
+    replay): each lane's first request (its primer when the lane starts mid-tree),
+    built before the clock starts. None for arrival schedules: their trees come one
+    at a time, each built ahead of the next."""
+    schedule = cfg.schedule
+    if not isinstance(schedule, Lanes) or cfg.live_assistant:
+        return []
+    starts = _lane_start_points(cfg, worker_id, schedule.concurrency)
+    out = []
+    trees = _trees(trace, cfg.loop)
+    for k, (root, replay) in zip(range(schedule.concurrency), trees, strict=False):
+        i = 0
+        if cfg.start_ratio is not None:
+            i = max(0, start_index(root, starts[k]) - 1)
+        out.append((root, i, root.hash_namespace(), replay))
+    return out
 
 
 async def run_schedule(ctx: RunContext, trace: Trace) -> None:
@@ -103,20 +164,18 @@ async def _start_trees(ctx: RunContext, trace: Trace, start: _Start) -> None:
     cfg = ctx.config
     clock = ctx.clock
     stop = ctx.stop
-    trees = _trees(trace, cfg.loop)
     schedule = cfg.schedule
+    mid = schedule.concurrency if isinstance(schedule, Lanes) and cfg.start_ratio else 0
+    trees = _Trees(ctx, trace, mid)
     if isinstance(schedule, Lanes):
         ratio = cfg.start_ratio
-        # Seeded per lane: the same seed gives the same start points.
-        lo, hi = ratio or (0.0, 0.0)
-        rng = np.random.default_rng([cfg.seed, ctx.worker_id])
-        start_at = [float(x) for x in rng.uniform(lo, hi, size=schedule.concurrency)]
+        start_at = _lane_start_points(cfg, ctx.worker_id, schedule.concurrency)
 
         async def lane(k: int) -> None:
             first: float | None = start_at[k] if ratio is not None else None
             # One event loop: taking the next tree needs no lock (no await between).
             while not stop.stopping:
-                nxt = next(trees, None)
+                nxt = trees.take()
                 if nxt is None or stop.past(clock.now_ns()):
                     break
                 # A lane frees only when its whole tree (subagents too) drains.

@@ -11,6 +11,8 @@ import contextlib
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from replayer.clock import Clock, process_cpu_ns, thread_cpu_ns
 from replayer.records.meta import ClientCheck
 from traces.stats import percentiles
@@ -69,6 +71,7 @@ def _reasons(
     dispatch_p99_ms: float | None,
     limits: SelfCheckLimits,
     process_cores: float | None = None,
+    dispatch_parts: dict[str, float] | None = None,
 ) -> list[str]:
     reasons = []
     if lag_p99_ms is not None and lag_p99_ms > limits.loop_lag_p99_ms:
@@ -91,11 +94,65 @@ def _reasons(
             f"> {limits.slot_wait_p99_ms:g} ms (the client's own connection cap)"
         )
     if dispatch_p99_ms is not None and dispatch_p99_ms > limits.dispatch_lag_p99_ms:
-        reasons.append(
+        why = (
             f"requests sent late: dispatch lag P99 {dispatch_p99_ms:,.0f} ms "
             f"> {limits.dispatch_lag_p99_ms:g} ms"
         )
+        if dispatch_parts:
+            why += _slowest_part(dispatch_parts, lag_p99_ms, limits, process_cores)
+        reasons.append(why)
     return reasons
+
+
+# The parts of a send's lateness, as the reason names them.
+_PARTS = {
+    "build": "building prompts (with the wait for the build thread)",
+    "wake": "the event loop waking up late",
+    "rest": "after the prompt was built (the --max-inflight cap, headers)",
+}
+
+
+def _slowest_part(
+    parts: dict[str, float],
+    lag_p99_ms: float | None,
+    limits: SelfCheckLimits,
+    process_cores: float | None,
+) -> str:
+    """Which part of the dispatch lag (``_PARTS``: P99s in ms) was the slowest, and
+    the others' P99s. Late wake-ups with a loop its probe found on time were sends
+    due together (lanes starting at once), each after the sends before it; with a
+    late loop in a process that barely ran, other processes held the CPUs."""
+    worst = max(parts, key=parts.__getitem__)
+    others = ", ".join(f"{k} P99 {v:,.1f} ms" for k, v in parts.items() if k != worst)
+    why = f", most of it {_PARTS[worst]}: P99 {parts[worst]:,.1f} ms ({others})"
+    if worst != "wake" or lag_p99_ms is None:
+        return why
+    if lag_p99_ms <= limits.loop_lag_p99_ms:
+        return why + (
+            f" while the loop's own lag P99 was {lag_p99_ms:,.1f} ms: many sends "
+            "due at the same moment (lanes starting together), each sent after the "
+            "ones before it"
+        )
+    if process_cores is not None and process_cores < _STARVED_CORES:
+        why += (
+            f" with this process at {process_cores:.0%} of a core: other "
+            "processes held this machine's CPUs"
+        )
+    return why
+
+
+def dispatch_parts(
+    lags: Any, wakes: Any, builds: Any, least: int = _MIN_REQUESTS
+) -> dict[str, float]:
+    """P99 (ms) of each part of the dispatch lag (``_PARTS``) over the same requests:
+    empty when the parts were not stamped for every one or are too few."""
+    n = len(lags)
+    if n < least or len(wakes) != n or len(builds) != n:
+        return {}
+    lag, wake, build = (np.frombuffer(a, dtype=np.int64) for a in (lags, wakes, builds))
+    rest = np.maximum(lag - wake - build, 0)
+    named = (("build", build), ("wake", wake), ("rest", rest))
+    return {k: _p99_ms(v) or 0.0 for k, v in named}
 
 
 def _server_notes(connect_p99_ms: float | None, limits: SelfCheckLimits) -> list[str]:
@@ -173,6 +230,11 @@ class LoopMonitor:
                         _p99_ms(c.dispatch_lags_ns[sent_from:], _MIN_REQUESTS),
                         self.limits,
                         (proc1 - proc0) / wall,
+                        dispatch_parts(
+                            c.dispatch_lags_ns[sent_from:],
+                            c.wake_lags_ns[sent_from:],
+                            c.build_waits_ns[sent_from:],
+                        ),
                     )
                 )
                 self.counters.client_limit = next(
@@ -195,6 +257,7 @@ class LoopMonitor:
             _p99_ms(c.dispatch_lags_ns, _MIN_REQUESTS),
             self.limits,
             process.get("p50"),
+            dispatch_parts(c.dispatch_lags_ns, c.wake_lags_ns, c.build_waits_ns),
         )
         return ClientCheck(
             limited=bool(reasons),

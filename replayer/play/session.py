@@ -5,6 +5,7 @@ See docs/replaying.md."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,6 +37,11 @@ class PromptBuilder:
     """Builds request bodies. A large one (a 142K-token body takes tens of ms) is
     built on a thread of its own, since on the event loop it would delay the chunk
     stamps of every other stream; a small one is built inline, cheaper than the hop.
+
+    A large prompt whose content the trace alone decides (no live replies) can be
+    built ahead (:meth:`prefetch`): during its think gap, while the request it follows
+    streams, or before the run starts, so that its send does not wait for it (nor,
+    behind it on the one build thread, the sends of other lanes).
     """
 
     def __init__(
@@ -49,6 +55,36 @@ class PromptBuilder:
         self._body = body
         self._inline_tokens = inline_tokens
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="replayer-prompts")
+        # Prompts built or being built ahead, by (id(session), index, namespace,
+        # replay); each is taken once, by its send.
+        self._ahead: dict[tuple[int, int, str, int], asyncio.Future[Prompt]] = {}
+
+    def prefetch(self, session: Session, i: int, namespace: str, replay: int) -> None:
+        """Start building request ``i``'s prompt on the build thread, unless it is
+        small (built inline at its send) or already under way. Only for prompts of
+        the trace's content (not with live replies)."""
+        key = (id(session), i, namespace, replay)
+        if key in self._ahead or i >= len(session.requests):
+            return
+        sent, _ = self.materializer.sent_tokens(session, session.requests[i])
+        if sent < self._inline_tokens:
+            return
+        job = functools.partial(
+            self.materializer.prompt, session, i, namespace, replay=replay
+        )
+        fut = asyncio.get_running_loop().run_in_executor(self._executor, job)
+        fut.add_done_callback(_retrieved)  # a prompt never sent raises nowhere
+        self._ahead[key] = fut
+
+    async def prebuild(self, prompts: Sequence[tuple[Session, int, str, int]]) -> None:
+        """Build ``prompts`` (session, index, namespace, replay) ahead and wait for
+        them: the first sends of a run, before its clock starts."""
+        for p in prompts:
+            self.prefetch(*p)
+        keys = [(id(s), i, ns, r) for s, i, ns, r in prompts]
+        waiting = [f for k in keys if (f := self._ahead.get(k)) is not None]
+        if waiting:
+            await asyncio.wait(waiting)
 
     async def build(
         self,
@@ -64,6 +100,11 @@ class PromptBuilder:
         """Request ``i`` of ``session``: its prompt and the whole POST body.
         ``sent_tokens``: its size when the caller has it (``Materializer.sent_tokens``),
         which decides where it is built. ``replies``: live assistant replies."""
+        if replies is None:
+            ahead = self._ahead.pop((id(session), i, namespace, replay), None)
+            if ahead is not None:
+                prompt = await ahead
+                return prompt, self._body(prompt.fragment, max_tokens)
         if sent_tokens is None:
             sent_tokens, _ = self.materializer.sent_tokens(session, session.requests[i])
 
@@ -83,7 +124,18 @@ class PromptBuilder:
         return self._body(fragment, max_tokens)
 
     def close(self) -> None:
+        for fut in self._ahead.values():
+            fut.cancel()
+        self._ahead.clear()
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _retrieved(fut: asyncio.Future[Prompt]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+_FEW = 8  # requests: a session this short has its gaps worked out value by value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,10 +169,18 @@ class RunContext:
     def gaps_ns(self, requests: Sequence[Request]) -> list[int]:
         """The gap before each of ``requests`` (one session's), ns: the trace's think
         gaps under the run's gap rule (``traces.gaps``: tool time scaled apart)."""
-        gaps_s = self.config.gap_rule.gaps_s(requests)
+        rule = self.config.gap_rule
         # A trace's time times --think-scale may pass what int64 ns hold: such a gap
         # outlasts any run, so it waits ~146 years rather than wrapping to 0.
-        gaps_s = np.minimum(gaps_s, _MAX_GAP_NS / 1e9)
+        most_s = _MAX_GAP_NS / 1e9
+        if len(requests) <= _FEW and isinstance(requests, tuple):
+            # A short session of Request objects: the arithmetic per value costs
+            # less than the arrays (one-request sessions: ~10x less).
+            return [
+                int(min(rule.gap_s(r.think_time_s, r.tool_wait_s), most_s) * 1e9)
+                for r in requests
+            ]
+        gaps_s = np.minimum(rule.gaps_s(requests), most_s)
         gaps: list[int] = (gaps_s * 1e9).astype(np.int64).tolist()
         return gaps
 
@@ -307,6 +367,8 @@ async def _play_turns(
             due = start_abs_ns
         else:
             due = prev_end_abs + gap_ns(i, prev_end_abs)
+        if replies is None:  # built during the gap and the joins, not at the send
+            ctx.prompts.prefetch(session, i, place.namespace, place.replay)
         joins = spawned.pop(i, [])
         if joins:
             if idle is not None:
@@ -434,6 +496,7 @@ async def _request(
     replies: dict[int, Reply] | None = None,
 ) -> RequestRecord:
     session = place.session
+    woke_ns = ctx.clock.now_ns()
     rec = _base_record(ctx, place, i, ctx.rel(due_abs), "ok", primer=primer)
     prompt, body = await ctx.prompts.build(
         session,
@@ -444,6 +507,12 @@ async def _request(
         sent_tokens=rec.prompt_tokens,  # _base_record's sent_tokens
         replies=None if replies is None else dict(replies),
     )
+    built_ns = ctx.clock.now_ns()
+    if not ctx.config.live_assistant:
+        # The subagents this request spawns when it ends: built while it streams.
+        for sub in session.subagents:
+            if sub.anchor_index == i:
+                ctx.prompts.prefetch(sub.session, 0, place.namespace, place.replay)
     if replies is not None:
         rec.live_drift_tokens = prompt.drift_tokens
     rec.prompt_tokens = prompt.prompt_tokens
@@ -465,7 +534,7 @@ async def _request(
     rec.inflight_at_send = counters.inflight + 1
     rec.lanes_at_send = counters.lanes
     counters.inflight += 1
-    outcome = Outcome()
+    outcome = Outcome(woke_ns=woke_ns, built_ns=built_ns)
     # A reply is carried only from a full-length request (not a 1-token warm-up).
     live = replies is not None and (
         rec.requested_output_tokens + rec.dropped_output_tokens
@@ -620,6 +689,10 @@ def _fill(ctx: RunContext, rec: RequestRecord, out: Outcome) -> None:
             counters.slot_waits_ns.append(out.slot_wait_ns)
             counters.connects_ns.append(out.connect_ns)
         counters.dispatch_lags_ns.append(max(0, rec.start_ns - rec.scheduled_ns))
+        if out.woke_ns:  # its parts (same order): wake-up, prompt build, the rest
+            due = ctx.t0_ns + rec.scheduled_ns
+            counters.wake_lags_ns.append(max(0, out.woke_ns - due))
+            counters.build_waits_ns.append(out.built_ns - out.woke_ns)
     if rec.status == "ok":
         if out.error_type == NOT_STREAMED:
             counters.not_streamed += 1

@@ -32,7 +32,7 @@ from replayer.play.client import ChatClient, Client, ServerWatch
 from replayer.play.phase import IdleSkip, stop_control
 from replayer.play.progress import Progress, ReplayOutcome, RunCounters, replay_outcome
 from replayer.play.recorder import ParquetRecorder
-from replayer.play.schedule import run_schedule, shard
+from replayer.play.schedule import first_prompts, run_schedule, shard
 from replayer.play.scrape import MetricsScraper
 from replayer.play.selfcheck import LoopMonitor
 from replayer.play.session import PromptBuilder, RunContext, request_body
@@ -259,6 +259,9 @@ async def replay_trace(
             # cyclic collector's reach, a full collection no longer walks them all
             # (40 ms pauses of the loop with 30K requests in memory).
             gc.freeze()
+            # The prompts sent the moment the run starts, built now: else the lanes'
+            # first sends queue behind each other's builds.
+            await prompts.prebuild(first_prompts(trace, config, worker_id))
             ready = clock.now_ns()
             t0 = await start_gate() if start_gate is not None else ready
             meta = replace(

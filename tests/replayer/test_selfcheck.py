@@ -32,6 +32,7 @@ from traces.io import write_trace
 
 REPO = Path(__file__).resolve().parents[2]
 REPLAYER = [sys.executable, "-m", "replayer"]
+MS = 1_000_000
 
 
 def test_selfcheck_verdict_names_each_limit_crossed() -> None:
@@ -75,6 +76,34 @@ def test_selfcheck_lag_without_load_blames_the_machine_not_the_client_work() -> 
     monitor.process_cpu[:] = monitor.process_cpu.__class__("d", [0.95] * 10)
     (reason,) = monitor.check().reasons
     assert reason == "event-loop lag P99 200 ms > 50 ms"
+
+
+def test_selfcheck_late_sends_name_their_slowest_part() -> None:
+    # 8 lanes' first sends queued behind each other's prompt builds: late by up to
+    # 80 ms with an idle loop. The reason says which part of the send was slow.
+    counters = RunCounters()
+    monitor = LoopMonitor(MonotonicClock(), counters)
+    counters.dispatch_lags_ns.extend([1 * MS] * 95 + [80 * MS] * 5)
+    counters.wake_lags_ns.extend([1 * MS] * 100)
+    counters.build_waits_ns.extend([0] * 95 + [78 * MS] * 5)
+    monitor.process_cpu.extend([0.1] * 10)
+    (reason,) = monitor.check().reasons
+    assert reason.startswith("requests sent late: dispatch lag P99 80 ms > 50 ms")
+    assert "most of it building prompts (with the wait for the build thread)" in reason
+    assert ": P99 78.0 ms (wake P99 1.0 ms, rest P99 1.0 ms)" in reason
+    assert "other processes" not in reason
+    # Late wake-ups with a loop on time by its probe: sends due together.
+    counters.wake_lags_ns[:] = counters.dispatch_lags_ns
+    counters.build_waits_ns[:] = counters.build_waits_ns.__class__("q", [0] * 100)
+    monitor.lags_ns.extend([1 * MS] * 100)
+    (reason,) = monitor.check().reasons
+    assert "most of it the event loop waking up late: P99 80" in reason
+    assert "many sends due at the same moment" in reason
+    # ... and with a late loop in a process that barely ran: the machine's CPUs.
+    monitor.lags_ns.extend([200 * MS] * 10)
+    reason = monitor.check().reasons[-1]
+    assert "most of it the event loop waking up late: P99 80" in reason
+    assert "other processes held this machine's CPUs" in reason
 
 
 def test_selfcheck_slow_connects_are_the_servers_said_not_flagged() -> None:

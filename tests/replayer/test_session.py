@@ -1,18 +1,23 @@
 """Playing session trees, in virtual time (exact): turn order, think gaps, subagent
 spawn and join, skipping after a failure, request bodies, admission, and large
-prompts built off the event loop."""
+prompts built off the event loop and ahead of their sends."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
+from aiohttp.test_utils import TestServer
 
 from replayer.config import EndpointConfig, Lanes
 from replayer.play.session import PromptBuilder, request_body
+from replayer.runner.local import replay_trace
 from tests.builders import (
     agent_tree,
     growing_session,
@@ -21,8 +26,9 @@ from tests.builders import (
     subagent,
     trace_of,
 )
-from tests.fakes import ReplayFake
+from tests.fakes import FakeLLM, ReplayFake, engine_config, make_fake_llm_app
 from traces.materialize import Materializer, PromptConfig
+from traces.model import Session
 
 MS = 1_000_000
 
@@ -314,3 +320,41 @@ async def test_status_line_p90_is_over_the_measured_window_only(
     assert summary.p90_ttft_ms == pytest.approx(10.0)
     line = Progress(counters, clock, clock.now_ns(), 10, io.StringIO()).line()
     assert "P90 TTFT 10 ms" in line, line
+
+
+async def test_lanes_first_prompts_are_built_before_the_run_starts(
+    aiohttp_server: Callable[..., Awaitable[TestServer]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Eight lanes start at once: had their large first prompts been built at their
+    # sends, on the one build thread, each send would wait for the builds before it
+    # (at 8 lanes of Weka sessions, up to 100 ms "sent late", the client blamed). They
+    # are built before the clock starts; the order of events says so, not a timing.
+    events: list[tuple[str, str, int]] = []
+    built = Materializer.prompt
+
+    def prompt(self: Materializer, session: Session, i: int, *a: Any, **kw: Any) -> Any:
+        out = built(self, session, i, *a, **kw)
+        events.append(("built", session.session_id, i))
+        return out
+
+    monkeypatch.setattr(Materializer, "prompt", prompt)
+
+    async def gate() -> int:
+        events.append(("start", "", 0))
+        return time.perf_counter_ns()
+
+    server = await aiohttp_server(make_fake_llm_app(FakeLLM()), host="127.0.0.1")
+    # 100 blocks of 64 tokens: past the inline bound, built on the thread.
+    turns = [request(blocks=100, block_size=64), request(blocks=101, block_size=64)]
+    trace = trace_of(*(session(f"s{k}", turns, block_size=64) for k in range(10)))
+    url = f"http://127.0.0.1:{server.port}"
+    cfg = engine_config(url, schedule=Lanes(concurrency=8))
+    outcome = await replay_trace(trace, cfg, tmp_path / "run", start_gate=gate)
+    assert outcome.ok == 20
+    start = events.index(("start", "", 0))
+    firsts = {sid for what, sid, i in events[:start] if what == "built" and i == 0}
+    assert firsts == {f"s{k}" for k in range(8)}
+    # The other prompts were built too, each once, after the start.
+    assert len(events) == 1 + 20

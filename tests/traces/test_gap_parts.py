@@ -5,6 +5,7 @@ kept by the native formats and `trace stats`."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -310,3 +311,20 @@ def test_cli_trace_stats_and_convert_keep_the_parts(
     )
     assert d["gaps_with_parts"] == 0
     assert d["tool_time_share"] is None
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [GapRule(), GapRule(0.1), GapRule(0.3, 2.0, 0.5), GapRule(0.0, None, 3.0)],
+    ids=str,
+)
+def test_one_gap_is_the_columns_arithmetic_on_one_value(rule: GapRule) -> None:
+    """``gap_s`` (short sessions, value by value) gives the very floats of
+    ``gaps_s`` (the columns)."""
+    rng = np.random.default_rng(0)
+    reqs = []
+    for think in [0.0, 1e-4, 0.5, 3.0, *rng.uniform(0, 10, 40).tolist()]:
+        for tool in (None, 0.0, think / 3, think):
+            reqs.append(replace(request([1]), think_time_s=think, tool_wait_s=tool))
+    want = rule.gaps_s(tuple(reqs)).tolist()
+    assert [rule.gap_s(r.think_time_s, r.tool_wait_s) for r in reqs] == want

@@ -71,6 +71,48 @@ def test_table_chains_store_each_growing_prompt_once() -> None:
     assert broken.blocks.tolist() == [1, 2, 1, 2, 3, 4]
 
 
+def test_table_from_requests_matches_the_checked_constructor() -> None:
+    """from_requests builds its columns without __post_init__: they are what the
+    checking constructor makes of the same values (dtypes, read-only, labels)."""
+    reqs = [
+        _full([1, 2], tool_wait_s=0.25),
+        replace(_full([1, 2, 3]), kind="n", model=None, extra={}),
+        replace(_full([7]), input_types=()),
+    ]
+    fast = RequestTable.from_requests(reqs)
+    checked = RequestTable(
+        **{
+            f: getattr(fast, f)
+            for f in RequestTable.__dataclass_fields__
+            if f not in ("extra_rows", "_built")
+        }
+    )
+    for name in RequestTable.__dataclass_fields__:
+        a, b = getattr(fast, name), getattr(checked, name)
+        if isinstance(a, np.ndarray):
+            nan_ok = a.dtype.kind == "f"
+            assert a.dtype == b.dtype, name
+            assert np.array_equal(a, b, equal_nan=nan_ok), name
+            assert not a.flags.writeable, name
+    assert fast.extra_rows.tolist() == [0, 2]
+    assert list(fast.rows()) == reqs
+    one = RequestTable.from_requests([replace(_full([4]), extra={})] * 3)
+    assert one.kind.values == ("s",) and one.kind.codes.tolist() == [0, 0, 0]
+    assert one.extra_rows.tolist() == []
+
+
+def test_a_parsed_one_request_session_holds_a_tuple(tmp_path: Path) -> None:
+    """A session of one request shares no prompt: it is read as a tuple, not a table
+    of its own; longer ones are rows."""
+    trace = trace_of(
+        session("a", [_full([1, 2])]), session("b", [_full([1]), _full([1, 2])])
+    )
+    back = read_trace(write_trace(trace, tmp_path / "t.jsonl"))
+    assert back.sessions == trace.sessions
+    assert isinstance(back.sessions[0].requests, tuple)
+    assert isinstance(back.sessions[1].requests, RequestRows)
+
+
 def test_table_rows_behave_like_the_tuple_they_replace() -> None:
     reqs = (
         _full([1, 2]),
