@@ -97,7 +97,8 @@ def test_table_from_requests_matches_the_checked_constructor() -> None:
     assert fast.extra_rows.tolist() == [0, 2]
     assert list(fast.rows()) == reqs
     one = RequestTable.from_requests([replace(_full([4]), extra={})] * 3)
-    assert one.kind.values == ("s",) and one.kind.codes.tolist() == [0, 0, 0]
+    assert one.kind.values == ("s",)
+    assert one.kind.codes.tolist() == [0, 0, 0]
     assert one.extra_rows.tolist() == []
 
 
