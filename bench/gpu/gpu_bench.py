@@ -5,6 +5,7 @@ on two levels and predict the held-out ones (docs/engines.md, "On a GPU")."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -113,9 +114,13 @@ def stop_server(regime_dir: Path) -> None:
     try:
         os.killpg(pid, signal.SIGTERM)
         for _ in range(60):
+            with contextlib.suppress(ChildProcessError):  # reap it if it is ours
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    break
             os.killpg(pid, 0)
             time.sleep(0.5)
-        os.killpg(pid, signal.SIGKILL)
+        else:
+            os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     pid_file.unlink()
@@ -174,14 +179,21 @@ def run_names(levels: list[int]) -> list[tuple[int, str]]:
     return out
 
 
+def warmup_s(a: argparse.Namespace, lanes: int) -> float:
+    """The warm-up of a level: each run starts with a cold (salted) cache, and its
+    lanes' first prompts are cold prefills, more of them the more lanes."""
+    return a.warmup + a.warmup_per_lane * lanes
+
+
 def replay(a: argparse.Namespace, lanes: int, run_dir: Path, base: str) -> int:
     finish = lanes in a.finish_levels
+    warm = warmup_s(a, lanes)
     cmd = [
         sys.executable, "-m", "replayer", "run", str(a.trace),
         "--endpoint", base, "--model", a.served_name if a.server == "vllm" else "sim",
         "--api", "completions",
         "--concurrency", str(lanes), "--think-scale", "0", "--loop",
-        "--duration", str(a.duration), "--warmup", str(a.warmup),
+        "--duration", str(warm + a.window), "--warmup", str(warm),
         "--drain", "finish" if finish else "cancel",
         "--max-input-tokens", str(a.max_input_tokens), "--fit-context", "clamp",
         "--engine", "vllm" if a.server == "vllm" else "sim",
@@ -202,6 +214,10 @@ def measure(a: argparse.Namespace) -> None:
     regime_dir = Path(a.out) / a.regime
     regime_dir.mkdir(parents=True, exist_ok=True)
     base = f"http://127.0.0.1:{a.port}"
+    for other in Path(a.out).iterdir():
+        if other != regime_dir and (other / "server.pid").exists():
+            _log(f"stopping the {other.name} server first")
+            stop_server(other)
     if not _healthy(base):
         start_server(a, regime_dir)
         describe_server(a, regime_dir, base)
@@ -216,7 +232,7 @@ def measure(a: argparse.Namespace) -> None:
         if run_dir.exists():
             shutil.rmtree(run_dir)  # a run cut off earlier: again
         left = a.deadline - (time.monotonic() - t_start)
-        need = a.duration + (45 if lanes in a.finish_levels else 15)
+        need = warmup_s(a, lanes) + a.window + (45 if lanes in a.finish_levels else 15)
         if left < need:
             _log(f"stop: {left:.0f} s left, a run needs ~{need:.0f}")
             break
@@ -229,9 +245,9 @@ def measure(a: argparse.Namespace) -> None:
         _log(f"run {name}: exit {rc}; {summary_line(run_dir)}")
         if a.pack_to:
             pack(regime_dir, Path(a.pack_to))
+    if a.pack_to:
+        pack(regime_dir, Path(a.pack_to))
     if not a.keep_server:
-        stop_server(regime_dir)
-    elif a.stop_after:
         stop_server(regime_dir)
 
 
@@ -314,10 +330,17 @@ def check_run(run_dir: Path) -> dict[str, Any]:
     out["rows_without_cached"] = int(cached.isna().sum())
     hits = sum(_delta(before, after, "vllm:prefix_cache_hits_total").values())
     queries = sum(_delta(before, after, "vllm:prefix_cache_queries_total").values())
+    # vLLM 0.26's usage cached_tokens is its prefill's local + external (the
+    # offloading connector's) hits; the counters keep the two apart.
+    external = sum(_delta(before, after, "vllm:external_prefix_cache_hits_total").values())
     out["prefix_cache_hits_delta"] = hits
     out["prefix_cache_queries_delta"] = queries
+    out["external_prefix_cache_hits_delta"] = external
+    out["prompt_tokens_cached_delta"] = sum(
+        _delta(before, after, "vllm:prompt_tokens_cached_total").values()
+    )
     out["sum_server_prompt_tokens"] = int(np.nansum(rows["server_prompt_tokens"].to_numpy(dtype=float))) if "server_prompt_tokens" in rows else None  # noqa: E501
-    out["cached_equals_counter"] = bool(out["sum_cached_tokens"] == round(hits))
+    out["cached_equals_counter"] = bool(out["sum_cached_tokens"] == round(hits + external))
     out["max_prompt_tokens"] = int(rows["prompt_tokens"].max()) if len(rows) else 0
     out["rows_prompt_over_100k"] = int((rows["prompt_tokens"] > 100_000).sum())
     # Prompt tokens by source, and the offloading connector's counters.
@@ -359,7 +382,8 @@ def check(a: argparse.Namespace) -> None:
             r["regime"] = regime_dir.name
             results.append(r)
             print(f"{regime_dir.name}/{run_dir.name}: {r['ok']}/{r['rows']} ok, "
-                  f"Σcached {r['sum_cached_tokens']:,} vs Δhits {r['prefix_cache_hits_delta']:,.0f} "
+                  f"Σcached {r['sum_cached_tokens']:,} vs Δhits {r['prefix_cache_hits_delta']:,.0f}"
+                  f" + Δexternal {r['external_prefix_cache_hits_delta']:,.0f} "
                   f"({'equal' if r['cached_equals_counter'] else 'differ'}; "
                   f"{r['rows_without_cached']} rows without usage), "
                   f"TTFT buckets off by {r['ttft_bucket_mismatch']} of {r['ttft_client_count']}, "
@@ -538,13 +562,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--finish-levels", type=_ints, default=_ints("2"),
                    help="Levels whose in-flight requests finish at the end (the rest "
                    "are cancelled, which keeps each run short).")
-    p.add_argument("--duration", type=float, default=45.0)
-    p.add_argument("--warmup", type=float, default=12.0)
+    p.add_argument("--window", type=float, default=33.0,
+                   help="Measured seconds of each run, after its warm-up.")
+    p.add_argument("--warmup", type=float, default=9.0,
+                   help="Warm-up seconds of each run, plus --warmup-per-lane a lane.")
+    p.add_argument("--warmup-per-lane", type=float, default=1.5)
     p.add_argument("--deadline", type=float, default=1e9,
                    help="Seconds from start after which no run is begun.")
     p.add_argument("--start-timeout", type=float, default=400.0)
     p.add_argument("--keep-server", action="store_true", help="Leave the server running.")
-    p.add_argument("--stop-after", action="store_true", help="Stop it even so.")
     p.add_argument("--pack-to", help="Folder for a tar.gz of the runs after each run.")
     p.add_argument("--engine-version", default="0.26.0")
     p.add_argument("--hardware", default="H100-80GB-HBM3")
