@@ -198,7 +198,7 @@ def replay(a: argparse.Namespace, lanes: int, run_dir: Path, base: str) -> int:
         "--max-input-tokens", str(a.max_input_tokens), "--fit-context", "clamp",
         "--engine", "vllm" if a.server == "vllm" else "sim",
         "--engine-version", a.engine_version, "--gpus", "1", "--tp", "1",
-        "--hardware", a.hardware,
+        "--hardware", a.hardware or ("simulator" if a.server == "sim" else "gpu"),
         "--kv-offload", f"native-cpu-{a.offload_gib}GiB" if a.regime == "offload" else "none",
         "--label", f"regime={a.regime}", "--seed", "0", "--quiet",
         "--out", str(run_dir),
@@ -573,7 +573,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-server", action="store_true", help="Leave the server running.")
     p.add_argument("--pack-to", help="Folder for a tar.gz of the runs after each run.")
     p.add_argument("--engine-version", default="0.26.0")
-    p.add_argument("--hardware", default="H100-80GB-HBM3")
+    p.add_argument("--hardware", default="",
+                   help="Hardware label of the runs (e.g. the GPU's name from nvidia-smi).")
     return p
 
 
