@@ -18,9 +18,9 @@ IMAGE = set(
     "tiktoken torch tqdm triton typer typing-extensions urllib3 uvloop wheel yarl".split()
 )
 SKIP_PREFIX = ("nvidia-", "cuda-")
-SKIP = {"torch", "triton", "apache-tvm-ffi", "numpy", "kernels"}
+SKIP = {"torch", "triton", "numpy", "kernels"}  # apache-tvm-ffi: xgrammar needs it
 # Not needed to serve a dense model offline (telemetry, cloud CLI, crypto for JWT).
-OPTIONAL = {"cryptography", "pycountry", "sentry-sdk", "fastapi-cloud-cli", "rignore",
+OPTIONAL = {"cryptography", "sentry-sdk", "fastapi-cloud-cli", "rignore",
             "fastar", "supervisor"}  # fmt: skip
 
 report = json.load(open(sys.argv[1]))

@@ -17,3 +17,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .gpu/b/deps/*.whl
 tar xJf /tmp/stage/vllm.tar.xz -C /tmp/site
 echo "staged part b"
+# Without FA2/FA3 in the bundle, vllm_flash_attn refuses to import even under
+# TRITON_ATTN (seen on the H100, 2026-12-07); and run with VLLM_USE_FLASHINFER_SAMPLER=0.
+sed -i 's/^if not (FA2_AVAILABLE or FA3_AVAILABLE):/if False:  # bench\/gpu: no FA kernels/' \
+  /tmp/site/vllm/vllm_flash_attn/__init__.py
