@@ -41,7 +41,8 @@ def _bench() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
         "gpu_bench", REPO / "bench" / "gpu" / "gpu_bench.py"
     )
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -62,7 +63,9 @@ def test_kept_runs_recalibrate_within_stated_bounds(
     bench = _bench()
 
     # The measurement checks read the kept raw /metrics dumps.
-    checks = [bench.check_run(p) for p in sorted(work.iterdir()) if (p / "run.json").exists()]
+    checks = [
+        bench.check_run(p) for p in sorted(work.iterdir()) if (p / "run.json").exists()
+    ]
     finished = [c for c in checks if c["status_counts"].get("cancelled", 0) == 0]
     assert finished, "no drain-finished run to compare Σ cached_tokens on"
     for c in finished:
