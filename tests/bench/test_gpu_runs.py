@@ -86,5 +86,6 @@ def test_kept_runs_recalibrate_within_stated_bounds(
         assert len(setting["runs"]) == 2, setting["label"]  # each level run twice
         for name, bound in want["bounds"].items():
             err = setting["figures"][name]["error"]
-            assert err is not None and math.isfinite(err), (setting["label"], name)
+            assert err is not None, (setting["label"], name)
+            assert math.isfinite(err), (setting["label"], name)
             assert abs(err) <= bound, (setting["label"], name, err)
