@@ -196,11 +196,15 @@ def server_info(run: Run) -> ServerInfo:
     )
 
 
-def _cache_config(run: Run) -> dict[str, str]:
+def _samples(run: Run, metric: str) -> pd.DataFrame:
     sm = run.server_metrics
     if sm.empty:
-        return {}
-    rows = sm[sm["metric"] == "vllm:cache_config_info"]
+        return sm
+    return sm[sm["metric"] == metric]
+
+
+def _cache_config(run: Run) -> dict[str, str]:
+    rows = _samples(run, "vllm:cache_config_info")
     if rows.empty:
         return {}
     import json
@@ -215,13 +219,6 @@ def _int(value: Any) -> int | None:
     except (TypeError, ValueError):
         return None
     return out if out > 0 else None
-
-
-def _samples(run: Run, metric: str) -> pd.DataFrame:
-    sm = run.server_metrics
-    if sm.empty:
-        return sm
-    return sm[sm["metric"] == metric]
 
 
 def step_budget_seen(runs: Sequence[Run]) -> int | None:
